@@ -1,0 +1,52 @@
+"""Engine configuration (one frozen dataclass; unknown keys are rejected by name)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_KV_DTYPES = ("auto", "int8", "fp8_e4m3")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    device: str = "cpu"  # "cpu", "cuda", "cuda:1" ...
+    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    max_num_seqs: int = 64  # most sequences in one step
+    max_num_batched_tokens: int = 2048  # token budget of one step (decodes + prefill chunks)
+    scheduling: str = "continuous"  # or "static": a batch is formed and runs to completion
+    attention: str = "sdpa"  # or "math" (explicit matmul + softmax reference)
+    kv_cache_dtype: str = "auto"  # auto = model dtype; "int8"; "fp8_e4m3"
+    kv_cache_memory_gib: float | None = None  # None = sized from free memory
+    block_size: int = 16  # tokens per KV block
+    cuda_graph: bool = True  # capture decode steps on CUDA; no-op on CPU
+    nvtx: bool = False  # emit NVTX ranges (schedule/prefill/decode/sample)
+    nvtx_prefix: str = "infer"
+    max_model_len: int | None = None  # None = the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _choice("dtype", self.dtype, _DTYPES)
+        _choice("kv_cache_dtype", self.kv_cache_dtype, _KV_DTYPES)
+        _choice("scheduling", self.scheduling, ("continuous", "static"))
+        _choice("attention", self.attention, ("sdpa", "math"))
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
+            raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EngineConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown EngineConfig keys: {', '.join(unknown)}")
+        return cls(**data)
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")

@@ -1,0 +1,48 @@
+"""What the engine hands back: per-request outputs, timings, engine and step statistics."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RequestTimings:
+    """Seconds, measured from the engine's arrival stamp of the request."""
+
+    queue_s: float  # arrival -> first scheduled
+    prefill_s: float  # first scheduled -> prompt fully processed (first token sampled)
+    first_token_s: float  # arrival -> first token sampled (engine-side TTFT)
+    decode_s: float  # first token -> last token
+    e2e_s: float  # arrival -> finished
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]  # tokens produced since the previous output of this request
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort"
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    timings: RequestTimings | None  # set on the final output only
+
+
+@dataclass
+class EngineStats:
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    preemptions_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    attention_kernel: str  # the SDPA backend that really ran, e.g. "flash", "math"
+
+
+@dataclass
+class StepStats:
+    """Passed to the step observer once per engine step."""
+
+    batch_size: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    duration_s: float

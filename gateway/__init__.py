@@ -1,0 +1,1 @@
+"""firsttoken gateway."""
