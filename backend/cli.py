@@ -1,0 +1,81 @@
+"""``python -m backend``: parse flags into ServerConfig/EngineConfig and serve."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+from backend.engine.config import EngineConfig
+from backend.server.config import DEFAULT_MODEL, ServerConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m backend",
+        description="firsttoken backend: an OpenAI-compatible server over our PyTorch engine.")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="smollm2-135m-instruct (embedded), a Hugging Face model directory, "
+                        "a .gguf file, or synthetic:<preset> (default: %(default)s)")
+    p.add_argument("--served-model-name", default=None,
+                   help="model id shown by /v1/models and accepted in requests "
+                        "(default: the model's own name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one step")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="token budget of one step (decodes first, then prefill chunks)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context length (default: the model's max_position_embeddings)")
+    p.add_argument("--scheduling", default="continuous", choices=("continuous", "static"))
+    p.add_argument("--attention", default="sdpa", choices=("sdpa", "math"))
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8", "fp8_e4m3"))
+    p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB",
+                   help="KV cache size in GiB (default: sized from free memory)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="turn off prefix caching over full KV blocks")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="capture decode steps in CUDA graphs (no-op on CPU)")
+    p.add_argument("--nvtx", action="store_true", help="emit NVTX ranges")
+    p.add_argument("--nvtx-prefix", default="infer", help="prefix of NVTX range names")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    engine = EngineConfig(
+        device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, scheduling=args.scheduling,
+        attention=args.attention, kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_memory_gib=args.kv_cache_memory, block_size=args.block_size,
+        cuda_graph=args.cuda_graph, nvtx=args.nvtx, nvtx_prefix=args.nvtx_prefix,
+        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching)
+    return ServerConfig(model=args.model, host=args.host, port=args.port,
+                        served_model_name=args.served_model_name, engine=engine)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:  # config validation: a usage error, not a traceback
+        parser.error(str(exc))
+    import uvloop
+
+    from backend.server.app import serve
+
+    try:
+        uvloop.run(serve(config))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""AsyncEngine: the engine loop in its own thread, bridged to asyncio.
+
+The event loop never runs torch: ``generate`` posts an add command to a thread-safe queue
+and awaits a per-request ``asyncio.Queue``; the engine thread drains the commands between
+steps, runs a step, and hands the step's outputs back with one
+``loop.call_soon_threadsafe`` per step. Leaving ``generate`` early (client gone, task
+cancelled) posts an abort, which the engine applies before its next step, freeing the
+request's blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import AsyncIterator, Callable
+
+from backend.engine.config import EngineConfig
+from backend.engine.errors import EngineNotRunning
+from backend.engine.outputs import EngineStats, RequestOutput, StepStats
+from backend.engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+_IDLE_WAIT_S = 0.5  # how long the idle engine thread blocks for a command before re-checking
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, source,
+                 step_observer: Callable[[StepStats], None] | None = None) -> None:
+        self.config = config
+        self.source = source
+        self.step_observer = step_observer
+        self.max_model_len = 0  # known once start() has built the engine
+        self._engine = None
+        self._thread: threading.Thread | None = None
+        self._commands: queue.Queue = queue.Queue()
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = threading.Event()
+
+    @property
+    def engine(self):
+        """The underlying LLMEngine (for tests and introspection; owned by the thread)."""
+        return self._engine
+
+    async def start(self) -> None:
+        """Builds the model and KV cache in the engine thread; returns when it is ready."""
+        self._loop = asyncio.get_running_loop()
+        ready: asyncio.Future = self._loop.create_future()
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="engine",
+                                        daemon=True)
+        self._thread.start()
+        await ready
+        self.max_model_len = self._engine.max_model_len
+
+    async def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stopping.set()
+        self._commands.put(("wake",))
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30.0)
+        self._thread = None
+
+    def check_request(self, prompt_len: int, params: SamplingParams) -> None:
+        """Raises RequestRejected for a request the engine can never serve."""
+        if self._engine is None:
+            raise EngineNotRunning("the engine is not started")
+        self._engine.check_request(prompt_len, params)
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        self.check_request(len(prompt_token_ids), params)
+        if request_id in self._queues:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        out: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = out
+        self._commands.put(("add", request_id, list(prompt_token_ids), params,
+                            time.perf_counter_ns()))
+        finished = False
+        try:
+            while True:
+                item = await out.get()
+                if isinstance(item, BaseException):
+                    finished = True  # the engine already dropped it
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        if self._engine is None:
+            raise EngineNotRunning("the engine is not started")
+        return self._engine.stats()
+
+    # -- engine thread ----------------------------------------------------------------
+    def _run(self, ready: asyncio.Future) -> None:
+        try:
+            from backend.engine.llm_engine import LLMEngine
+
+            self._engine = LLMEngine(self.config, self.source, self.step_observer)
+        except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
+            self._loop.call_soon_threadsafe(_set_exception, ready, exc)
+            return
+        self._loop.call_soon_threadsafe(_set_result, ready)
+        while not self._stopping.is_set():
+            self._apply_commands(block=not self._engine.has_unfinished())
+            if not self._engine.has_unfinished():
+                continue
+            try:
+                outputs = self._engine.step()
+            except Exception as exc:  # noqa: BLE001 - fail the in-flight requests, keep serving
+                log.exception("engine step failed")
+                self._fail_all(exc)
+                continue
+            if outputs:
+                self._loop.call_soon_threadsafe(self._deliver, outputs)
+        try:
+            self._fail_all(EngineNotRunning("the engine stopped"))
+        except RuntimeError:  # the event loop is already closed: nobody is waiting
+            pass
+
+    def _apply_commands(self, block: bool) -> None:
+        try:
+            cmd = self._commands.get(timeout=_IDLE_WAIT_S) if block \
+                else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, cmd: tuple) -> None:
+        if cmd[0] == "add":
+            _, rid, prompt, params, arrival = cmd
+            try:
+                self._engine.add_request(rid, prompt, params, arrival)
+            except Exception as exc:  # noqa: BLE001 - e.g. rejected: goes to the caller
+                self._loop.call_soon_threadsafe(self._deliver_error, rid, exc)
+        elif cmd[0] == "abort":
+            out = self._engine.abort_request(cmd[1])
+            if out is not None:
+                self._loop.call_soon_threadsafe(self._deliver, [out])
+
+    def _fail_all(self, exc: Exception) -> None:
+        for rid in list(self._engine.seqs):
+            self._engine.abort_request(rid)
+            self._loop.call_soon_threadsafe(self._deliver_error, rid, exc)
+
+    # -- event loop side --------------------------------------------------------------
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            q = self._queues.get(out.request_id)
+            if q is not None:
+                q.put_nowait(out)
+
+    def _deliver_error(self, request_id: str, exc: Exception) -> None:
+        q = self._queues.get(request_id)
+        if q is not None:
+            q.put_nowait(exc)
+
+
+def _set_result(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,91 @@
+"""Paged KV cache storage: one tensor for all layers, addressed by flat slot index.
+
+Layout ``[num_layers, num_blocks * block_size, 2, num_kv_heads, head_dim]``: a slot is one
+token position of one block; index 0 of the third dim is K, 1 is V. Keeping K and V side by
+side lets one ``index_copy_`` write both (the model's fused qkv output already holds them
+contiguously) and one ``index_select`` read both.
+
+Quantised dtypes keep a float32 scale per (token, K/V, head) beside the blocks:
+- int8: symmetric, scale = amax / 127, values rounded and clamped to [-127, 127];
+- fp8_e4m3: scale = amax / 448 (the format's largest finite value), stored as uint8 bits
+  because index_copy_/index_select are not implemented for float8 on every backend.
+Quantise on write, dequantise on read: a pure-torch reference path (fused kernels come with
+the GPU issue).
+"""
+from __future__ import annotations
+
+import torch
+
+_FP8_MAX = 448.0
+_INT8_MAX = 127.0
+
+
+def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    return {"auto": model_dtype, "int8": torch.int8, "fp8_e4m3": torch.uint8}[kv_cache_dtype]
+
+
+def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                    kv_cache_dtype: str, model_dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers (K and V, plus scales when quantised)."""
+    elem = torch.empty((), dtype=kv_storage_dtype(kv_cache_dtype, model_dtype)).element_size()
+    per_token = 2 * num_kv_heads * head_dim * elem
+    if kv_cache_dtype != "auto":
+        per_token += 2 * num_kv_heads * 4  # float32 scales
+    return num_layers * block_size * per_token
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, model_dtype: torch.dtype, kv_cache_dtype: str,
+                 device: torch.device) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.model_dtype = model_dtype
+        self.kv_cache_dtype = kv_cache_dtype
+        # One extra block past the managed ones: a scratch slot where padded rows of a
+        # fixed-shape (CUDA graph) decode write their K/V without touching real blocks.
+        slots = (num_blocks + 1) * block_size
+        self.scratch_slot = num_blocks * block_size
+        storage = kv_storage_dtype(kv_cache_dtype, model_dtype)
+        # zeros, not empty: padded decode rows gather slot 0 and must not see NaN garbage
+        # (masked out anyway, but NaN * 0 in a matmul would still poison the row).
+        self.data = torch.zeros(num_layers, slots, 2, num_kv_heads, head_dim,
+                                dtype=storage, device=device)
+        self.scales = None
+        if kv_cache_dtype != "auto":
+            self.scales = torch.zeros(num_layers, slots, 2, num_kv_heads,
+                                      dtype=torch.float32, device=device)
+
+    def write(self, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        """slots: [T] long; kv: [T, 2, kvh, hd] in the model dtype."""
+        if self.scales is None:
+            self.data[layer].index_copy_(0, slots, kv)
+            return
+        q, scale = _quantise(kv, self.kv_cache_dtype)
+        self.data[layer].index_copy_(0, slots, q)
+        self.scales[layer].index_copy_(0, slots, scale)
+
+    def gather(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
+        """idx: [...] long slot indices -> [..., 2, kvh, hd] in the model dtype."""
+        flat = idx.reshape(-1)
+        kv = self.data[layer].index_select(0, flat)
+        if self.scales is not None:
+            kv = _dequantise(kv, self.scales[layer].index_select(0, flat),
+                             self.kv_cache_dtype, self.model_dtype)
+        return kv.view(*idx.shape, *kv.shape[1:])
+
+
+def _quantise(kv: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    x = kv.float()  # [T, 2, kvh, hd]
+    top = _INT8_MAX if kind == "int8" else _FP8_MAX
+    scale = (x.abs().amax(dim=-1) / top).clamp_(min=1e-12)  # [T, 2, kvh]
+    y = x / scale.unsqueeze(-1)
+    if kind == "int8":
+        return y.round_().clamp_(-_INT8_MAX, _INT8_MAX).to(torch.int8), scale
+    return y.to(torch.float8_e4m3fn).view(torch.uint8), scale
+
+
+def _dequantise(q: torch.Tensor, scale: torch.Tensor, kind: str,
+                dtype: torch.dtype) -> torch.Tensor:
+    x = q.float() if kind == "int8" else q.view(torch.float8_e4m3fn).float()
+    return (x * scale.unsqueeze(-1)).to(dtype)

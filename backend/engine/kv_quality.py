@@ -1,0 +1,103 @@
+"""KV-cache quantisation quality: perplexity and greedy agreement of int8 / fp8_e4m3 caches
+against the full-precision cache, on a text the repo ships (backend/data/kv_eval.txt).
+
+    python -m backend.engine.kv_quality [--model smollm2-135m-instruct] [--json PATH]
+
+Every figure goes through the paged cache: ``LLMEngine.score`` writes K/V to the cache and
+reads it back (quantised on write, dequantised on read) for every attention call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling import SamplingParams
+
+EVAL_TEXT = Path(__file__).resolve().parent.parent / "data" / "kv_eval.txt"
+KV_DTYPES = ("auto", "int8", "fp8_e4m3")
+PROMPTS = ("What is the capital of France?", "Write a short poem about the sea.",
+           "Explain what a KV cache is in one paragraph.", "List three uses of copper.")
+
+
+def _engines(source, kv_dtypes) -> dict[str, LLMEngine]:
+    """One engine per KV dtype, all sharing the first one's model weights."""
+    engines: dict[str, LLMEngine] = {}
+    for kv in kv_dtypes:
+        model = next(iter(engines.values())).runner.model if engines else None
+        engines[kv] = LLMEngine(EngineConfig(kv_cache_dtype=kv, kv_cache_memory_gib=0.25,
+                                             max_model_len=2048), source, model=model)
+    return engines
+
+
+def perplexity_figures(source, text: str, kv_dtypes=KV_DTYPES,
+                       max_tokens: int | None = None) -> dict[str, dict]:
+    """Per KV dtype: perplexity, and top-1 agreement / mean KL against the first dtype."""
+    tokens = source.tokenizer.encode(text)[:max_tokens]
+    target = torch.tensor(tokens[1:])
+    logits, out = {}, {}
+    for kv, engine in _engines(source, kv_dtypes).items():
+        logits[kv] = engine.score(tokens)[:-1]  # [T-1, V]
+        nll = F.cross_entropy(logits[kv], target).item()
+        out[kv] = {"tokens": len(tokens), "perplexity": math.exp(nll)}
+    base = logits[kv_dtypes[0]]
+    for kv in kv_dtypes:
+        ref_logp = F.log_softmax(base, -1)
+        logp = F.log_softmax(logits[kv], -1)
+        out[kv]["top1_agreement"] = (logits[kv].argmax(-1) == base.argmax(-1)).float().mean().item()
+        out[kv]["mean_kl_vs_full"] = F.kl_div(logp, ref_logp, log_target=True,
+                                              reduction="batchmean").item()
+        out[kv]["perplexity_change_pct"] = 100 * (out[kv]["perplexity"]
+                                                  / out[kv_dtypes[0]]["perplexity"] - 1)
+    return out
+
+
+def greedy_agreement(source, prompts=PROMPTS, max_tokens: int = 64,
+                     kv_dtypes=KV_DTYPES) -> dict[str, dict]:
+    """Greedy continuations of chat prompts: identical ones, and matching positions."""
+    tok = source.tokenizer
+    ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]))
+           for p in prompts]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    runs = {kv: e.generate(ids, params) for kv, e in _engines(source, kv_dtypes).items()}
+    base, out = runs[kv_dtypes[0]], {}
+    for kv in kv_dtypes:
+        same = sum(a == b for a, b in zip(runs[kv], base))
+        prefix = [_common_prefix(a, b) for a, b in zip(runs[kv], base)]
+        out[kv] = {"prompts": len(ids), "tokens_each": max_tokens, "identical": same,
+                   "mean_common_prefix": sum(prefix) / len(prefix)}
+    return out
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = ap.parse_args(argv)
+    from backend.weights.loader import load_model_source
+
+    source = load_model_source(args.model)
+    result = {"model": source.name, "text": str(EVAL_TEXT.name),
+              "perplexity": perplexity_figures(source, EVAL_TEXT.read_text()),
+              "greedy": greedy_agreement(source)}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The synchronous engine: requests in, one scheduled step at a time, outputs out.
+
+``step()`` = schedule -> run the model on the flat batch -> sample -> append tokens, check
+stops, free finished sequences. AsyncEngine drives it from its own thread; tests and
+benchmarks can drive it directly (``generate``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from backend.engine.block_manager import BlockManager
+from backend.engine.config import EngineConfig
+from backend.engine.errors import RequestRejected
+from backend.engine.model_runner import ModelRunner
+from backend.engine.nvtx import NvtxRanges
+from backend.engine.outputs import EngineStats, RequestOutput, RequestTimings, StepStats
+from backend.engine.sampling import SamplingParams
+from backend.engine.scheduler import ScheduledBatch, Scheduler
+from backend.engine.sequence import Sequence, SeqStatus
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, source,
+                 step_observer: Callable[[StepStats], None] | None = None,
+                 model=None) -> None:
+        """``model``: an already built LlamaModel of the same source to share (benchmarks
+        and tests comparing engine settings on one set of weights)."""
+        cfg = source.config
+        limit = cfg.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > limit:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's "
+                             f"max_position_embeddings {limit}")
+        self.config = config
+        self.max_model_len = config.max_model_len or limit
+        self.nvtx = NvtxRanges(config.nvtx, config.nvtx_prefix)
+        self.runner = ModelRunner(config, source, self.max_model_len, self.nvtx, model)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
+                                   config.max_num_batched_tokens, config.scheduling == "static")
+        self.eos = frozenset(source.tokenizer.eos_token_ids)
+        self.step_observer = step_observer
+        self.seqs: dict[str, Sequence] = {}
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    # -- requests ---------------------------------------------------------------------
+    def check_request(self, prompt_len: int, params: SamplingParams) -> None:
+        if prompt_len < 1:
+            raise RequestRejected("the prompt is empty (0 tokens)", "prompt")
+        if prompt_len + 1 > self.max_model_len:
+            raise RequestRejected(
+                f"the prompt has {prompt_len} tokens but the model's context is "
+                f"{self.max_model_len} tokens (at least 1 must be left for the completion)",
+                "messages")
+        total = min(prompt_len + params.max_tokens, self.max_model_len)
+        need = self.block_manager.blocks_for(total)
+        if need > self.block_manager.num_blocks:
+            raise RequestRejected(
+                f"the request needs {total} tokens of KV cache ({need} blocks) but the "
+                f"cache holds {self.block_manager.num_blocks * self.config.block_size} tokens "
+                f"({self.block_manager.num_blocks} blocks); lower max_tokens or the prompt",
+                "max_tokens")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams, arrival_ns: int | None = None) -> None:
+        self.check_request(len(prompt_token_ids), params)
+        if request_id in self.seqs:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        seq = Sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params)
+        if arrival_ns is not None:
+            seq.arrival_ns = arrival_ns
+        if params.seed is not None:
+            seq.generator = torch.Generator(device=self.runner.device)
+            seq.generator.manual_seed(params.seed)
+        self.seqs[request_id] = seq
+        self.prompt_tokens_total += len(prompt_token_ids)
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Frees the request's blocks at once; None when it is unknown or already done."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq, "abort")
+        return self._output(seq, [])
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- stepping ---------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter_ns()
+        with self.nvtx.range("schedule"):
+            batch = self.scheduler.schedule()
+        if batch.num_seqs == 0:
+            return []
+        tokens = self.runner.run(batch)
+        for seq in batch.decodes:
+            seq.num_computed += 1
+        for seq, n in batch.prefills:
+            seq.num_computed += n
+        sampled = batch.decodes + [s for s, _ in batch.prefills if s.num_computed == len(s)]
+        for seq in batch.decodes + [s for s, _ in batch.prefills]:
+            self.block_manager.register_computed(seq)
+        outputs = [self._append(seq, tok) for seq, tok in zip(sampled, tokens)]
+        if self.step_observer is not None:
+            self.step_observer(StepStats(batch.num_seqs, batch.num_prefill_tokens,
+                                         len(batch.decodes),
+                                         (time.perf_counter_ns() - t0) / 1e9))
+        return outputs
+
+    def _append(self, seq: Sequence, token: int) -> RequestOutput:
+        now = time.perf_counter_ns()
+        seq.token_ids.append(token)
+        self.generation_tokens_total += 1
+        if seq.first_token_ns is None:
+            seq.first_token_ns = now
+        p, reason, stop_token = seq.params, None, False
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos):
+            reason, stop_token = "stop", True
+        elif seq.num_generated >= p.max_tokens or len(seq) >= self.max_model_len:
+            reason = "length"
+        new = seq.take_new_tokens()
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self.seqs.pop(seq.request_id, None)
+            if stop_token:
+                new = new[:-1]  # the EOS / stop token ends the stream; it is not content
+        return self._output(seq, new)
+
+    def _output(self, seq: Sequence, new: list[int]) -> RequestOutput:
+        finished = seq.status is SeqStatus.FINISHED
+        return RequestOutput(seq.request_id, new, finished, seq.finish_reason,
+                             seq.num_prompt_tokens, seq.num_cached_tokens,
+                             _timings(seq) if finished else None)
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting),
+                           bm.num_used, bm.num_blocks, self.scheduler.preemptions_total,
+                           self.prompt_tokens_total, self.generation_tokens_total,
+                           self.runner.attention_kernel)
+
+    @torch.inference_mode()
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits at every position of token_ids, [T, vocab] float32, computed through the
+        paged cache (so a quantised KV dtype applies): perplexity and agreement checks."""
+        seq = Sequence("score", list(token_ids), len(token_ids), SamplingParams())
+        if self.block_manager.blocks_for(len(seq)) > self.block_manager.num_free:
+            raise RuntimeError("not enough free KV blocks to score this text")
+        self.block_manager.allocate(seq, use_prefix_cache=False)
+        try:
+            ids, pos, attn, meta, _ = self.runner.prepare(ScheduledBatch([], [(seq, len(seq))]))
+            rows = torch.arange(len(seq), device=self.runner.device)
+            return self.runner.model.forward(ids, pos, attn, meta, rows)
+        finally:
+            self.block_manager.free_seq(seq)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                 max_steps: int = 100_000) -> list[list[int]]:
+        """Blocking convenience for tests and benchmarks: all prompts at once."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"gen-{i}-{time.perf_counter_ns()}" for i in range(len(prompts))]
+        for rid, prompt, p in zip(ids, prompts, plist):
+            self.add_request(rid, prompt, p)
+        out = {rid: [] for rid in ids}
+        for _ in range(max_steps):
+            if not self.has_unfinished():
+                break
+            for o in self.step():
+                out[o.request_id].extend(o.new_token_ids)
+        return [out[rid] for rid in ids]
+
+
+def _timings(seq: Sequence) -> RequestTimings:
+    arrival, end = seq.arrival_ns, seq.finished_ns or time.perf_counter_ns()
+    sched = seq.first_scheduled_ns or end
+    first = seq.first_token_ns or end
+    s = 1e-9
+    return RequestTimings(queue_s=(sched - arrival) * s, prefill_s=(first - sched) * s,
+                          first_token_s=(first - arrival) * s, decode_s=(end - first) * s,
+                          e2e_s=(end - arrival) * s)

@@ -1,0 +1,68 @@
+"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds.
+
+Random rows use the exponential-race trick: argmax(p / E) with E ~ Exp(1) draws from p, so a
+whole batch samples with one argmax and no per-row multinomial. A seeded request draws its
+noise from its own torch.Generator, so its tokens do not depend on what else is in the batch.
+min_tokens is enforced by masking EOS and stop ids to -inf until enough tokens exist.
+"""
+from __future__ import annotations
+
+import torch
+
+from backend.engine.sequence import Sequence
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: tuple[int, ...], device: torch.device) -> None:
+        self.eos = tuple(eos_token_ids)
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.seed()
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """logits: [N, V] float32 (modified in place); seqs[i] owns row i -> [N] long."""
+        self._mask_until_min_tokens(logits, seqs)
+        greedy = [s.params.temperature == 0.0 for s in seqs]
+        if all(greedy):
+            return logits.argmax(dim=-1)
+        N, V = logits.shape
+        temps = torch.tensor([s.params.temperature or 1.0 for s in seqs],
+                             dtype=torch.float32, device=self.device)
+        scaled = logits / temps.unsqueeze(1)  # [N, V]
+        if any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in seqs):
+            scaled = self._top_k_top_p(scaled, seqs)
+        probs = torch.softmax(scaled, dim=-1)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)  # [N, V]
+        for i, seq in enumerate(seqs):
+            if seq.generator is not None and not greedy[i]:
+                noise[i].exponential_(generator=seq.generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        is_greedy = torch.tensor(greedy, device=self.device)
+        return torch.where(is_greedy, logits.argmax(dim=-1), sampled)
+
+    def _mask_until_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        rows, cols = [], []
+        for i, seq in enumerate(seqs):
+            p = seq.params
+            if seq.num_generated >= p.min_tokens:
+                continue
+            banned = p.stop_token_ids + (() if p.ignore_eos else self.eos)
+            rows.extend([i] * len(banned))
+            cols.extend(banned)
+        if rows:
+            logits[torch.tensor(rows, device=self.device),
+                   torch.tensor(cols, device=self.device)] = float("-inf")
+
+    def _top_k_top_p(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        N, V = logits.shape
+        top_k = torch.tensor([s.params.top_k or V for s in seqs], device=self.device)
+        top_p = torch.tensor([s.params.top_p for s in seqs], device=self.device)
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # [N, V]
+        rank = torch.arange(V, device=self.device).unsqueeze(0)
+        drop = rank >= top_k.unsqueeze(1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the mass strictly before it already reaches top_p
+        drop |= (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)
+        drop[:, 0] = False  # always keep the most likely token
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        return torch.empty_like(logits).scatter_(1, order, sorted_logits)

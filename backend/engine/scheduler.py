@@ -1,0 +1,126 @@
+"""Iteration-level scheduler: which sequences run this step and how many tokens each.
+
+Continuous mode, every step, under ``max_num_batched_tokens`` and ``max_num_seqs``:
+1. decodes of running sequences first (one token each), so long prompts never stall streams;
+   a decode that needs a new block and finds none preempts the newest running sequence
+   (recompute: its blocks are freed and it goes back to the front of the waiting queue);
+2. the rest of prefills already in progress (chunked: a prompt may span steps);
+3. new sequences from the waiting queue, first come first served, while the budget, the
+   sequence cap and the free blocks allow (admission allocates blocks for the whole prompt).
+Static mode admits a batch only when nothing runs and lets it run to completion: the
+article's baseline.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from backend.engine.block_manager import BlockManager
+from backend.engine.sequence import Sequence, SeqStatus
+
+
+@dataclass
+class ScheduledBatch:
+    decodes: list[Sequence]
+    prefills: list[tuple[Sequence, int]]  # (sequence, number of tokens this step)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.decodes) + len(self.prefills)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(n for _, n in self.prefills)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int,
+                 max_num_batched_tokens: int, static: bool) -> None:
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_tokens = max_num_batched_tokens
+        self.static = static
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.preemptions_total = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch([], [])
+        budget = self._schedule_decodes(batch, self.max_tokens)
+        for seq in self.running:
+            if budget == 0:
+                break
+            if seq.status is SeqStatus.RUNNING and not seq.is_decode:
+                n = min(seq.num_uncomputed, budget)
+                batch.prefills.append((seq, n))
+                budget -= n
+        if not self.static or not self.running:
+            self._admit(batch, budget)
+        return batch
+
+    def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if not seq.is_decode:
+                i += 1
+                continue
+            while not self.bm.can_append(seq):
+                victim = self.running[-1]
+                self.preempt(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SeqStatus.RUNNING:
+                break  # seq preempted itself: everything after it is gone as well
+            self.bm.append_slot(seq)
+            batch.decodes.append(seq)
+            budget -= 1
+            i += 1
+        return budget
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        now = time.perf_counter_ns()
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            if budget == 0 and not self.static:
+                break
+            seq = self.waiting[0]
+            if not self.bm.can_allocate(seq):
+                break  # first come first served: later requests wait behind it
+            self.waiting.popleft()
+            cached = self.bm.allocate(seq)
+            if seq.first_scheduled_ns is None:
+                seq.first_scheduled_ns = now
+                seq.num_cached_tokens = cached
+            seq.num_computed = cached
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_uncomputed, budget)
+            if n > 0:
+                batch.prefills.append((seq, n))
+                budget -= n
+
+    def preempt(self, seq: Sequence) -> None:
+        """Recompute-style preemption: drop the K/V, requeue at the front."""
+        self.running.remove(seq)
+        self.bm.free_seq(seq)
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.preemptions_total += 1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+            self.bm.free_seq(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        seq.finished_ns = time.perf_counter_ns()

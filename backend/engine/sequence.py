@@ -1,0 +1,57 @@
+"""One request inside the engine: its tokens, KV blocks, progress and timing stamps."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from backend.engine.sampling import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)  # identity semantics: sequences live in queues and sets
+class Sequence:
+    request_id: str
+    token_ids: list[int]  # prompt followed by the generated tokens
+    num_prompt_tokens: int
+    params: SamplingParams
+    arrival_ns: int = field(default_factory=time.perf_counter_ns)
+    status: SeqStatus = SeqStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+    num_hashed_blocks: int = 0  # leading full blocks registered in the prefix cache
+    num_emitted: int = 0  # generated tokens already handed to the caller
+    finish_reason: str | None = None
+    generator: torch.Generator | None = None  # seeded requests only
+    first_scheduled_ns: int | None = None
+    first_token_ns: int | None = None
+    finished_ns: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def is_decode(self) -> bool:
+        """Only the newest token lacks K/V: one-token step that samples."""
+        return self.num_uncomputed == 1 and self.num_generated > 0
+
+    def take_new_tokens(self) -> list[int]:
+        start = self.num_prompt_tokens + self.num_emitted
+        self.num_emitted = self.num_generated
+        return self.token_ids[start:]

@@ -1,0 +1,171 @@
+"""Llama-family decoder in plain torch: Llama 2/3 (GQA, llama3 RoPE scaling), Mistral,
+Qwen2 (qkv bias), SmolLM2; tied or untied embeddings.
+
+Built straight on the target device and dtype from a ``ModelConfig`` (HF field names), then
+filled by ``load_weights`` from HF tensor names. q/k/v and gate/up are fused into one matrix
+each at load time, so a layer costs two norms, four matmuls and a handful of elementwise ops
+(CPU decode at small batch is bound by per-op overhead as much as by memory).
+
+``forward`` takes a flat, varlen token batch (decodes and prefill chunks mixed) and the
+engine's paged attention; it returns float32 logits only for the rows the engine samples.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from backend.engine.attention import AttentionMetadata, PagedAttention
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """[head_dim / 2] float32 inverse frequencies, with llama3 / linear scaling applied."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":
+        return _llama3_inv_freq(inv, scaling)
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: llama3, linear)")
+
+
+def _llama3_inv_freq(inv: torch.Tensor, s: dict) -> torch.Tensor:
+    # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the middle band
+    # interpolated smoothly between the two.
+    factor, lo, hi = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old_len = float(s["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old_len / lo, inv / factor, inv)
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / hi) & ~(wavelen > old_len / lo)
+    return torch.where(medium, smoothed, scaled)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, hd]; cos/sin: [T, 1, hd] (HF's non-interleaved rotate_half layout)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class DecoderLayer:
+    def __init__(self, cfg, device: torch.device, dtype: torch.dtype) -> None:
+        hd, H, kvh = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        hidden, inter = cfg.hidden_size, cfg.intermediate_size
+        new = lambda *shape: torch.empty(*shape, device=device, dtype=dtype)  # noqa: E731
+        self.input_norm = new(hidden)
+        self.qkv_w = new((H + 2 * kvh) * hd, hidden)  # rows: q heads | k heads | v heads
+        self.qkv_b = new((H + 2 * kvh) * hd) if cfg.attention_bias else None
+        self.o_w = new(hidden, H * hd)
+        self.post_norm = new(hidden)
+        self.gate_up_w = new(2 * inter, hidden)  # rows: gate | up
+        self.down_w = new(hidden, inter)
+        self.eps = cfg.rms_norm_eps
+        self.H, self.kvh, self.hd, self.inter = H, kvh, hd, inter
+
+    def forward(self, idx: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn: PagedAttention, meta: AttentionMetadata) -> torch.Tensor:
+        T, hidden = x.shape  # x: [T, hidden]
+        H, kvh, hd = self.H, self.kvh, self.hd
+        h = F.rms_norm(x, (hidden,), self.input_norm, self.eps)
+        qkv = F.linear(h, self.qkv_w, self.qkv_b)  # [T, (H + 2 kvh) * hd]
+        qk = qkv[:, : (H + kvh) * hd].view(T, H + kvh, hd)
+        qk.copy_(apply_rope(qk, cos, sin))  # in place, so K and V stay adjacent for the cache
+        q = qkv[:, : H * hd].view(T, H, hd)
+        kv = qkv[:, H * hd:].view(T, 2, kvh, hd)
+        x = x + F.linear(attn.forward(idx, q, kv, meta), self.o_w)  # [T, hidden]
+        h = F.rms_norm(x, (hidden,), self.post_norm, self.eps)
+        gate_up = F.linear(h, self.gate_up_w)  # [T, 2 * inter]
+        act = F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter:]
+        return x + F.linear(act, self.down_w)
+
+    def tensors(self, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, destination view) pairs; fused matrices are filled slice by slice."""
+        H, kvh, hd, inter = self.H, self.kvh, self.hd, self.inter
+        qs, ks = slice(0, H * hd), slice(H * hd, (H + kvh) * hd)
+        vs = slice((H + kvh) * hd, (H + 2 * kvh) * hd)
+        yield f"{prefix}.input_layernorm.weight", self.input_norm
+        yield f"{prefix}.post_attention_layernorm.weight", self.post_norm
+        for proj, rows in (("q", qs), ("k", ks), ("v", vs)):
+            yield f"{prefix}.self_attn.{proj}_proj.weight", self.qkv_w[rows]
+            if self.qkv_b is not None:
+                yield f"{prefix}.self_attn.{proj}_proj.bias", self.qkv_b[rows]
+        yield f"{prefix}.self_attn.o_proj.weight", self.o_w
+        yield f"{prefix}.mlp.gate_proj.weight", self.gate_up_w[: inter]
+        yield f"{prefix}.mlp.up_proj.weight", self.gate_up_w[inter:]
+        yield f"{prefix}.mlp.down_proj.weight", self.down_w
+
+
+class LlamaModel:
+    def __init__(self, cfg, device: torch.device | str, dtype: torch.dtype,
+                 max_len: int | None = None, seed: int = 0, random_init: bool = True) -> None:
+        device = torch.device(device)
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        self.embed = torch.empty(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
+        self.layers = [DecoderLayer(cfg, device, dtype) for _ in range(cfg.num_hidden_layers)]
+        self.norm = torch.empty(cfg.hidden_size, device=device, dtype=dtype)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else torch.empty_like(self.embed)
+        max_len = max_len or cfg.max_position_embeddings
+        inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)  # [L, hd / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [L, hd], float32 like HF
+        self.cos_table = emb.cos().to(device=device, dtype=dtype)
+        self.sin_table = emb.sin().to(device=device, dtype=dtype)
+        if random_init:  # skipped when load_weights follows: it fills every tensor
+            self._random_init(seed)
+
+    def _random_init(self, seed: int) -> None:
+        """Synthetic weights (the source has none): N(0, 0.02) matrices, unit norms."""
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        for name, t in self._destinations().items():
+            if name.endswith("norm.weight"):
+                t.fill_(1.0)
+            elif name.endswith(".bias"):
+                t.zero_()
+            else:
+                t.normal_(0.0, 0.02, generator=gen)
+
+    def _destinations(self) -> dict[str, torch.Tensor]:
+        dest = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm}
+        if not self.cfg.tie_word_embeddings:
+            dest["lm_head.weight"] = self.lm_head
+        for i, layer in enumerate(self.layers):
+            dest.update(layer.tensors(f"model.layers.{i}"))
+        return dest
+
+    @torch.inference_mode()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors in (any dtype/device); every destination must be filled."""
+        dest = self._destinations()
+        missing = set(dest)
+        for name, tensor in weights:
+            if name.endswith("rotary_emb.inv_freq"):
+                continue  # recomputed from the config
+            if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+                continue  # some tied checkpoints still ship a copy
+            if name not in dest:
+                raise KeyError(f"unexpected weight {name!r} for this model architecture")
+            if tuple(tensor.shape) != tuple(dest[name].shape):
+                raise ValueError(f"weight {name}: shape {tuple(tensor.shape)}, "
+                                 f"expected {tuple(dest[name].shape)}")
+            dest[name].copy_(tensor)
+            missing.discard(name)
+        if missing:
+            raise KeyError(f"weights missing from the checkpoint: {sorted(missing)[:8]}")
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: PagedAttention,
+                meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: [T]; logits_indices: [N] rows to sample -> [N, vocab] fp32."""
+        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        cos = self.cos_table[positions].unsqueeze(1)  # [T, 1, hd]
+        sin = self.sin_table[positions].unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            x = layer.forward(i, x, cos, sin, attn, meta)
+        x = x.index_select(0, logits_indices)  # [N, hidden]: the final norm is per token
+        x = F.rms_norm(x, (x.shape[-1],), self.norm, self.cfg.rms_norm_eps)
+        return F.linear(x, self.lm_head).float()  # [N, vocab]

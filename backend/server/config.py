@@ -1,0 +1,38 @@
+"""Server configuration: one frozen dataclass; unknown keys are rejected by name."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from backend.engine.config import EngineConfig
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str = DEFAULT_MODEL  # name or path handed to load_model_source
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None  # id shown by /v1/models; None = the source's name
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    # Chat requests without max_tokens may generate up to the context end (OpenAI semantics);
+    # completions default to 16 tokens like OpenAI's legacy endpoint.
+    default_completion_max_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.default_completion_max_tokens < 1:
+            raise ValueError("default_completion_max_tokens must be >= 1")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ServerConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ServerConfig keys: {', '.join(unknown)}")
+        data = dict(data)
+        if isinstance(data.get("engine"), dict):
+            data["engine"] = EngineConfig.from_dict(data["engine"])
+        return cls(**data)

@@ -1,0 +1,59 @@
+"""OpenAI-shaped HTTP errors and the one middleware that turns domain errors into them."""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from backend.engine.errors import RequestRejected
+
+log = logging.getLogger("backend.server")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class APIError(Exception):
+    """An error with an HTTP status and the OpenAI error body fields."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type,
+                          "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def error_response(err: APIError) -> web.Response:
+    return web.Response(status=err.status, text=json.dumps(err.body()),
+                        content_type="application/json")
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except APIError as err:
+        return error_response(err)
+    except RequestRejected as err:
+        return error_response(bad_request(err.message, err.param))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        # Unknown routes and wrong methods also answer in the OpenAI error shape.
+        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+        return error_response(APIError(exc.status, exc.reason or str(exc), type=kind))
+    except Exception:  # noqa: BLE001 - last resort: log it, answer 500 in the OpenAI shape
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(APIError(500, "internal server error", type="server_error"))

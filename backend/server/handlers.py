@@ -1,0 +1,120 @@
+"""HTTP handlers: the OpenAI endpoints, /tokenize, /health, /metrics."""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+import uuid
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from .errors import APIError, bad_request
+from .formatting import ChunkFormatter, aggregate
+from .generation import Generation
+from .protocol import Kind, parse_generation, parse_messages, read_json
+from .state import BackendState, request_id
+
+log = logging.getLogger("backend.server")
+STATE = web.AppKey("backend_state", BackendState)
+
+
+def _sse(payload: dict | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
+    received = time.perf_counter_ns()
+    state, rid = request.app[STATE], request_id(request)
+    req = parse_generation(await read_json(request), kind)
+    state.check_model(req.model)
+    prompt_ids = await state.prompt_ids(req)
+    params = state.sampling_params(req, len(prompt_ids))
+    # The engine id is unique even when a caller reuses an x-request-id; it keeps the prefix
+    # so engine-side records still join on it.
+    run = Generation(state, f"{rid}-{uuid.uuid4().hex[:8]}", prompt_ids, params, req.stop,
+                     received, time.perf_counter_ns())
+    if req.stream:
+        fmt = ChunkFormatter(kind, rid, state.model_name, req.include_usage)
+        return await _stream(request, fmt, run)
+    fmt = ChunkFormatter(kind, rid, state.model_name, include_usage=True)
+    async with contextlib.aclosing(fmt.render(run.events())) as stream:
+        chunks = [chunk async for chunk in stream]
+    return web.json_response(aggregate(chunks))
+
+
+async def _stream(request: web.Request, fmt: ChunkFormatter,
+                  run: Generation) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    # aclosing: however this ends (client gone, handler cancelled, error), the chunk and
+    # event generators close now, which aborts the engine request and frees its blocks.
+    async with contextlib.aclosing(fmt.render(run.events())) as chunks:
+        try:
+            async for chunk in chunks:
+                await resp.write(_sse(chunk))
+            await resp.write(_sse("[DONE]"))
+        except APIError as err:
+            # Headers are gone: report in-band (OpenAI's shape) and leave out [DONE], so a
+            # failed stream never reads as a complete, shorter answer.
+            log.warning("stream %s failed: %s", request_id(request), err.message)
+            await resp.write(_sse(err.body()))
+        except ConnectionError:
+            log.info("client disconnected from %s", request_id(request))
+            return resp
+    await resp.write_eof()
+    return resp
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completion")
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    state, body = request.app[STATE], await read_json(request)
+    state.check_model(body.get("model"))
+    add_gen = body.get("add_generation_prompt", True)
+    if "messages" in body:
+        ids = await state.tokenize(parse_messages(body), None, bool(add_gen))
+    elif isinstance(body.get("prompt"), str):
+        ids = await state.tokenize(None, body["prompt"])
+    else:
+        raise bad_request("send 'prompt' (a string) or 'messages' (a chat)", param="prompt",
+                          code="missing_required_parameter")
+    return web.json_response({"tokens": ids, "count": len(ids),
+                              "max_model_len": state.engine.max_model_len})
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.json_response({"object": "list", "data": [{
+        "id": state.model_name, "object": "model", "created": int(time.time()),
+        "owned_by": "firsttoken", "root": state.config.model,
+        "max_model_len": state.engine.max_model_len}]})
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    s = state.engine.stats()
+    return web.json_response({
+        "status": "ok", "model": state.model_name, "attention_kernel": s.attention_kernel,
+        "kv_blocks_used": s.kv_blocks_used, "kv_blocks_total": s.kv_blocks_total,
+        "kv_cache_usage": round(s.kv_blocks_used / s.kv_blocks_total, 4)
+        if s.kv_blocks_total else 0.0,
+        "requests_running": s.running, "requests_waiting": s.waiting,
+        "max_model_len": state.engine.max_model_len,
+        "device": state.config.engine.device})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    resp = web.Response(body=body)
+    resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return resp

@@ -1,0 +1,226 @@
+"""GGUF loader: dequantise with the `gguf` package, rename to HF names, undo llama.cpp's Q/K
+row permutation, read config and tokenizer from the metadata; cache the result.
+
+Tensor types: anything `gguf.quants.dequantize` handles (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, the K-quants, ...); F32/F16/BF16 keep their dtype, quantised ones become float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+from tqdm.auto import tqdm
+
+from backend.tokenizer import Tokenizer
+from backend.weights import cache
+from backend.weights.config import ModelConfig
+from backend.weights.gguf_tokenizer import tokenizer_from_gguf
+from backend.weights.loader import ModelLoadError, ModelSource, WeightIterator
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ARCHS = ("llama", "qwen2")
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+# Not model parameters: llama.cpp's precomputed RoPE frequency factors (Llama 3.1+).
+_SKIPPED = {"rope_freqs.weight"}
+# Quantised tensors of models up to this size dequantise to float32 (exact); larger ones to
+# float16 (half the memory: a 7B model is 14 GB instead of 28 GB; Q4/Q8 values lose ~1e-3
+# relative precision).
+FLOAT32_MAX_PARAMS = 2_000_000_000
+_KEPT_DTYPES = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
+                GGMLQuantizationType.BF16: torch.bfloat16}
+
+
+def load_gguf(path: str | Path, name: str | None = None, use_cache: bool = True) -> ModelSource:
+    """A ModelSource for a GGUF file, converting it (with a progress bar) on first use."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file not found: {path}")
+    name = name or path.stem
+    entry = cache.lookup(path) if use_cache else None
+    if entry is None:
+        config, tokenizer, tensors = convert_gguf(path)
+        entry = cache.store(path, config, tokenizer, tensors()) if use_cache else None
+        if entry is None:  # no (writable) cache: dequantise while the model loads, every start
+            return ModelSource(name, config, tokenizer, tensors)
+    config, tokenizer = cache.load_entry(entry)
+    files = cache.entry_files(entry)
+    return ModelSource(name, config, tokenizer, lambda: cache.iter_safetensors(files))
+
+
+def read_metadata(reader: GGUFReader) -> dict[str, Any]:
+    """Every metadata field as a plain Python value."""
+    out = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            out[key] = field.contents()
+        except Exception as exc:  # one odd field must not block the rest
+            log.debug("skipping GGUF field %s: %s", key, exc)
+    return out
+
+
+def convert_gguf(path: Path) -> tuple[ModelConfig, Tokenizer, WeightIterator]:
+    """Config and tokenizer now; the tensors as a re-startable stream (one tensor in memory
+    at a time, with a progress bar), so even a 7B file converts in little memory."""
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+    meta = read_metadata(reader)
+    tensor_names = {t.name for t in reader.tensors}
+    rope_freqs = next((_dequantize(t) for t in reader.tensors if t.name == "rope_freqs.weight"),
+                      None)
+    config = config_from_gguf(meta, tensor_names, rope_freqs)
+    tokenizer = tokenizer_from_gguf(meta)
+    # Map every name now, so an unexpected tensor fails the load, not the model's init.
+    named = [(t, hf_tensor_name(t.name)) for t in reader.tensors if t.name not in _SKIPPED]
+    n_params = sum(int(t.n_elements) for t in reader.tensors)
+    quant_dtype = torch.float32 if n_params <= FLOAT32_MAX_PARAMS else torch.float16
+    if quant_dtype != torch.float32 and config.torch_dtype == "float32":
+        config = dataclasses.replace(config, torch_dtype="float16")
+    permute = meta["general.architecture"] == "llama"
+    heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for t, hf_name in tqdm(named, desc=f"converting {path.name}", unit="tensor"):
+            array = _dequantize(t)
+            proj = hf_name.rsplit(".", 2)[-2]
+            if permute and proj in heads:
+                array = unpermute_qk(array, heads[proj])
+            yield hf_name, _to_torch(array, _KEPT_DTYPES.get(t.tensor_type, quant_dtype))
+
+    return config, tokenizer, tensors
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK_RE.match(gguf_name)
+    if m and m.group(2) in _BLOCK_NAMES:
+        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    raise ModelLoadError(f"unexpected GGUF tensor {gguf_name!r} for a Llama-family model")
+
+
+def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf.py's permute(): llama.cpp interleaves the two rotary halves of
+    each head's rows; HF keeps them as [first half; second half]."""
+    dim = weight.shape[0] // n_head // 2
+    return (weight.reshape(n_head, dim, 2, *weight.shape[1:]).swapaxes(1, 2)
+            .reshape(weight.shape))
+
+
+def _dequantize(t: Any) -> np.ndarray:
+    """The tensor in HF layout ([out_features, in_features]) as a numpy array."""
+    if t.tensor_type == GGMLQuantizationType.F32:
+        array = np.asarray(t.data, dtype=np.float32)
+    elif t.tensor_type == GGMLQuantizationType.F16:
+        array = np.asarray(t.data, dtype=np.float16)
+    else:  # quantised, and BF16 (numpy has no bfloat16; float32 holds it exactly)
+        try:
+            array = dequantize(t.data, t.tensor_type)
+        except NotImplementedError as exc:
+            raise ModelLoadError(f"tensor {t.name}: GGUF type {t.tensor_type.name} is not "
+                                 f"supported by the gguf package") from exc
+    # GGUF shapes list the fastest dimension first; HF's is the reverse.
+    shape = tuple(int(d) for d in reversed(t.shape))
+    return array.reshape(shape)
+
+
+def _to_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    # The reader memory-maps the file read-only; own the memory (copies only when needed).
+    return torch.from_numpy(np.require(array, requirements=["C", "W", "O"])).to(dtype)
+
+
+def config_from_gguf(meta: dict[str, Any], tensor_names: set[str],
+                     rope_freqs: np.ndarray | None = None) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; "
+                             f"supported: {', '.join(SUPPORTED_ARCHS)}")
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelLoadError(f"GGUF metadata lacks {arch}.{name}")
+        return value
+
+    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    head_dim = int(key("attention.key_length", hidden // heads))
+    theta = float(key("rope.freq_base", 10000.0))
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta["tokenizer.ggml.tokens"])
+    scaling = None
+    if meta.get(f"{arch}.rope.scaling.type") == "linear":
+        scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    elif rope_freqs is not None:
+        orig = meta.get(f"{arch}.rope.scaling.original_context_length")
+        scaling = llama3_rope_from_factors(rope_freqs, theta, head_dim, orig)
+        if scaling is None:
+            log.warning("this GGUF's rope_freqs factors match no llama3 RoPE scaling we know; "
+                        "using plain RoPE (long positions may degrade)")
+    return ModelConfig(
+        vocab_size=int(vocab), hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_hidden_layers=int(key("block_count")), num_attention_heads=heads,
+        num_key_value_heads=int(key("attention.head_count_kv", heads)),
+        head_dim=head_dim, rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        rope_theta=theta, rope_scaling=scaling,
+        max_position_embeddings=int(key("context_length")),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        torch_dtype=_stored_dtype(meta))
+
+
+def llama3_factors(theta: float, head_dim: int, factor: float, low: float, high: float,
+                   original: int) -> np.ndarray:
+    """The per-frequency divisors llama3 RoPE scaling applies (what llama.cpp stores)."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / freqs
+    smooth = (original / wavelen - low) / (high - low)
+    mid = 1.0 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, mid))
+
+
+def llama3_rope_from_factors(factors: np.ndarray, theta: float, head_dim: int,
+                             original: int | None) -> dict | None:
+    """Recover HF's llama3 `rope_scaling` from llama.cpp's rope_freqs tensor: the factor is the
+    largest divisor; the other parameters are Meta's published ones (Llama 3.1-3.3 all use
+    low=1, high=4, original context 8192), accepted only if they reproduce every factor."""
+    factors = np.asarray(factors, dtype=np.float64).reshape(-1)
+    if factors.shape[0] != head_dim // 2:
+        return None
+    factor = float(np.round(factors.max(), 4))
+    for low, high, orig in ((1.0, 4.0, original or 8192), (1.0, 4.0, 8192)):
+        expected = llama3_factors(theta, head_dim, factor, low, high, int(orig))
+        if np.allclose(expected, factors, rtol=1e-4, atol=1e-5):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                    "high_freq_factor": high, "original_max_position_embeddings": int(orig)}
+    return None
+
+
+def _stored_dtype(meta: dict[str, Any]) -> str:
+    # general.file_type: 0 = all F32, 1 = mostly F16, 32 = mostly BF16; quantised types are
+    # dequantised to float32.
+    return {1: "float16", 32: "bfloat16"}.get(int(meta.get("general.file_type", 0)), "float32")

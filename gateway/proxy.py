@@ -1,0 +1,137 @@
+"""The proxy handler: auth -> validate -> route -> open upstream -> relay -> record.
+
+One function serves /v1/chat/completions and /v1/completions, streaming or not.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from gateway import state
+from gateway.auth import presented_key, require_model
+from gateway.errors import BadRequest, GatewayError, PayloadTooLarge
+from gateway.metrics import NO_PROVIDER, UNKNOWN, Series
+from gateway.record import RequestRecord
+from gateway.relay import relay
+from gateway.router import Route
+from gateway.upstream import Opened, forward_headers, open_upstream
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+async def _read_body(request: web.Request, endpoint: str) -> dict[str, Any]:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(f"Request body is larger than {request.client_max_size} "
+                              "bytes.") from None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise BadRequest("Request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise BadRequest("Request body must be a JSON object.")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise BadRequest("'model' is required and must be a string.", param="model")
+    if endpoint == CHAT:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            raise BadRequest("'messages' must be a non-empty array of objects.",
+                             param="messages")
+    elif not isinstance(body.get("prompt"), (str, list)):
+        raise BadRequest("'prompt' is required (a string or an array).", param="prompt")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be a boolean.", param="stream")
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise BadRequest("'stream_options' must be an object.", param="stream_options")
+    return body
+
+
+def _prepare_body(body: dict[str, Any], route: Route) -> tuple[bool, bool]:
+    """Apply alias defaults; ask the upstream for usage. Returns (stream, strip_usage)."""
+    for k, v in route.defaults.items():
+        body.setdefault(k, v)
+    stream = bool(body.get("stream"))
+    if not stream:
+        return False, False
+    so = body.get("stream_options") or {}
+    if so.get("include_usage"):
+        return True, False
+    # Usage gives the true completion_tokens for TPOT; the client did not ask, so we strip it.
+    body["stream_options"] = {**so, "include_usage": True}
+    return True, True
+
+
+async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
+    app = request.app
+    rec = RequestRecord(request_id=request[state.REQUEST_ID], endpoint=endpoint,
+                        t0_ns=request.get(state.T0, time.perf_counter_ns()))
+    labels = [UNKNOWN, NO_PROVIDER]
+    series: Series | None = None
+    opened: Opened | None = None
+    try:
+        key = app[state.KEYS].check(presented_key(request))
+        rec.key_name = key.name
+        body = await _read_body(request, endpoint)
+        rec.model = body["model"]
+        router = app[state.ROUTER]
+        route = router.resolve(rec.model)
+        require_model(key, rec.model)
+        order = router.order(route)
+        labels = [route.label, order[0].provider.name]
+        series = app[state.METRICS].series(*labels)
+        series.in_flight.inc()
+        rec.stream, strip_usage = _prepare_body(body, route)
+        headers = forward_headers(request.headers, rec.request_id)
+        opened = await open_upstream(app[state.SESSION], order, endpoint, body, headers, rec,
+                                     series, app[state.CONFIG].retry)
+        labels[1] = opened.deployment.provider.name
+        series_used = app[state.METRICS].series(*labels)
+        resp = await relay(request, opened, rec, series_used, strip_usage)
+        if rec.t_end_ns is None:
+            rec.t_end_ns = time.perf_counter_ns()
+        return resp
+    except GatewayError as exc:
+        rec.status, rec.error = exc.status, f"{exc.code}: {exc.message}"
+        raise
+    except asyncio.CancelledError:
+        rec.status, rec.error = 499, "client_disconnected"
+        raise
+    except Exception as exc:
+        rec.status, rec.error = 500, f"internal_error: {type(exc).__name__}"
+        raise
+    finally:
+        if opened is not None:
+            opened.deployment.in_flight -= 1
+            if rec.status == 200:
+                opened.response.release()
+            else:  # closing the connection tells the upstream to stop generating now
+                opened.response.close()
+        if series is not None:
+            series.in_flight.dec()
+        _finish(app, rec, labels[0], labels[1])
+
+
+def _finish(app: web.Application, rec: RequestRecord, model: str, provider: str) -> None:
+    metrics = app[state.METRICS]
+    metrics.count_request(model, provider, rec.status or 500)
+    if rec.stream and rec.completion_tokens is None and rec.content_chunks:
+        rec.completion_tokens, rec.tokens_estimated = rec.content_chunks, True
+    if rec.status == 200:
+        s = metrics.series(model, provider)
+        for hist, ns in ((s.ttft, rec.ttft_ns()), (s.tpot, rec.tpot_ns()),
+                         (s.e2e, rec.e2e_ns()), (s.overhead, rec.overhead_ns()),
+                         (s.ttfb, rec.ttfb_ns())):
+            if ns is not None:
+                hist.observe(ns / 1e9)
+        if rec.prompt_tokens:
+            s.prompt_tokens.inc(rec.prompt_tokens)
+        if rec.completion_tokens:
+            s.completion_tokens.inc(rec.completion_tokens)
+    app[state.REQUEST_LOG].write(rec.to_log())

@@ -1,0 +1,188 @@
+"""The one relay path: upstream 200 response -> client, for chat and completions, SSE and JSON.
+
+SSE events are written to the client as each line arrives (one ``write`` per event, no
+buffering), with timestamps for TTFT/ITL/TPOT taken when the client write returns. After the
+first byte went to the client an upstream failure can no longer be retried: the stream ends
+with an OpenAI-style error event and no ``[DONE]``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gateway.errors import BadGateway, GatewayError, GatewayTimeout
+from gateway.record import RequestRecord
+from gateway.upstream import Opened
+
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8",
+               "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ClientGone(Exception):
+    """The client closed its connection while we were writing to it."""
+
+
+def _has_content(choices: Any) -> bool:
+    """Content-bearing: non-empty content/reasoning/tool_calls (chat) or text (completions)."""
+    if not choices:
+        return False
+    for c in choices:
+        if not isinstance(c, dict):
+            continue
+        if c.get("text"):
+            return True
+        d = c.get("delta")
+        if isinstance(d, dict) and (d.get("content") or d.get("reasoning_content")
+                                    or d.get("reasoning") or d.get("tool_calls")):
+            return True
+    return False
+
+
+def _note_usage(rec: RequestRecord, obj: dict) -> None:
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        if isinstance(usage.get("prompt_tokens"), int):
+            rec.prompt_tokens = usage["prompt_tokens"]
+        if isinstance(usage.get("completion_tokens"), int):
+            rec.completion_tokens = usage["completion_tokens"]
+
+
+def _note_finish(rec: RequestRecord, choices: Any) -> None:
+    for c in choices or ():
+        if isinstance(c, dict) and c.get("finish_reason"):
+            rec.finish_reason = c["finish_reason"]
+
+
+async def relay(request: web.Request, opened: Opened, rec: RequestRecord, series: Any,
+                strip_usage: bool) -> web.StreamResponse:
+    """Relay an opened upstream response to the client; fills ``rec``; returns the response."""
+    upstream = opened.response
+    if not upstream.content_type.startswith("text/event-stream"):
+        return await _relay_json(opened, rec)
+    resp = web.StreamResponse(headers={**SSE_HEADERS, "x-request-id": rec.request_id})
+    await resp.prepare(request)
+    name = opened.deployment.provider.name
+    try:
+        try:
+            await _pump(resp, opened, rec, series, strip_usage)
+        except TimeoutError:
+            what = "first token" if rec.t_first_ns is None else "complete response"
+            await _fail(resp, rec, series, GatewayTimeout(
+                f"Provider {name!r} did not send the {what} in time."))
+        except (aiohttp.ClientError, ValueError) as exc:
+            await _fail(resp, rec, series, BadGateway(
+                f"Upstream stream from provider {name!r} broke ({type(exc).__name__}).",
+                code="upstream_stream_error"))
+    except ClientGone:
+        rec.status, rec.error = 499, "client_disconnected"
+        rec.t_end_ns = time.perf_counter_ns()
+    return resp
+
+
+async def _fail(resp: web.StreamResponse, rec: RequestRecord, series: Any,
+                err: GatewayError) -> None:
+    """End a started stream with an error event and no [DONE]; the request counts as failed."""
+    rec.status, rec.error = err.status, f"{err.code}: {err.message}"
+    series.errors.inc()
+    try:
+        await resp.write(err.sse())
+        await resp.write_eof()
+    except ConnectionError:
+        raise ClientGone() from None
+    rec.t_end_ns = time.perf_counter_ns()
+
+
+async def _pump(resp: web.StreamResponse, opened: Opened, rec: RequestRecord, series: Any,
+                strip_usage: bool) -> None:
+    readline = opened.response.content.readline
+    write = resp.write
+    clock = time.perf_counter_ns
+    itl = series.itl
+    done = False
+    async with asyncio.timeout_at(opened.first_deadline) as deadline:
+        while True:
+            line = await readline()
+            t_read = clock()
+            if not line:
+                break
+            if line[:5] != b"data:":
+                if line.strip():  # comments / event: / id: lines pass through unchanged
+                    await _write(write, line)
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                await _write(write, b"data: [DONE]\n\n")
+                done = True
+                break
+            obj = json.loads(payload)  # ValueError -> malformed SSE
+            if not isinstance(obj, dict):
+                raise ValueError("SSE data is not a JSON object")
+            if "error" in obj:  # the upstream reported a failure inside the stream
+                raise aiohttp.ClientPayloadError("upstream error event")
+            choices = obj.get("choices")
+            if "usage" in obj:
+                _note_usage(rec, obj)
+                if strip_usage:  # the client did not ask for usage: we injected it
+                    if not choices:
+                        continue
+                    del obj["usage"]
+                    payload = json.dumps(obj, separators=(",", ":")).encode()
+            _note_finish(rec, choices)
+            await _write(write, b"data: " + payload + b"\n\n")
+            t_written = clock()
+            rec.relay_ns += t_written - t_read
+            if _has_content(choices):
+                first = rec.t_first_ns is None
+                gap = rec.content(t_read, t_written)
+                if first:
+                    deadline.reschedule(opened.total_deadline)
+                elif gap is not None:
+                    itl.observe(gap / 1e9)
+    if not done and rec.finish_reason is None:
+        raise aiohttp.ClientPayloadError("upstream stream ended before completion")
+    if not done:  # finished cleanly but the upstream omitted [DONE]: clients expect it
+        await _write(write, b"data: [DONE]\n\n")
+    try:
+        await resp.write_eof()
+    except ConnectionError:
+        raise ClientGone() from None
+    rec.t_end_ns = clock()
+    rec.status = 200
+
+
+async def _write(write: Any, data: bytes) -> None:
+    try:
+        await write(data)
+    except ConnectionError:  # aiohttp's ClientConnectionResetError is one
+        raise ClientGone() from None
+
+
+async def _relay_json(opened: Opened, rec: RequestRecord) -> web.Response:
+    """Non-stream answer: one JSON body, relayed unchanged (TTFT is not observable here)."""
+    try:
+        async with asyncio.timeout_at(opened.total_deadline):
+            raw = await opened.response.read()
+    except TimeoutError:
+        raise GatewayTimeout(f"Provider {opened.deployment.provider.name!r} did not answer "
+                             "in time.") from None
+    except aiohttp.ClientError as exc:
+        raise BadGateway(f"Upstream body from provider {opened.deployment.provider.name!r} "
+                         f"broke ({type(exc).__name__}).", code="upstream_stream_error") from None
+    t_read = time.perf_counter_ns()
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        raise BadGateway("Upstream sent invalid JSON.", code="upstream_bad_json") from None
+    if isinstance(obj, dict):
+        _note_usage(rec, obj)
+        _note_finish(rec, obj.get("choices"))
+    resp = web.Response(body=raw, content_type="application/json",
+                        headers={"x-request-id": rec.request_id})
+    rec.relay_ns += time.perf_counter_ns() - t_read
+    rec.status = 200
+    return resp

@@ -1,0 +1,432 @@
+"""Gateway benchmark: client-observed TTFT/E2E direct vs through the gateway vs through LiteLLM.
+
+    flock /tmp/ft-heavy.lock .venv/bin/python -m loadtests.bench_gateway run \
+        --litellm /tmp/litellm/bin/litellm --out docs/benchmarks
+
+Every server runs in its own process: the fake upstream (``loadtests.fake_upstream``), the
+gateway (``python -m gateway``), LiteLLM's proxy, and the load client (this module's ``client``
+sub-command: one uvloop + aiohttp process, closed loop of N concurrent streams). Phases:
+
+* ``latency``: for each concurrency (1, 100, 500) and each target (direct, gateway, litellm):
+  a warm-up, then timed streams of 64 tokens; TTFT = request start to the first SSE data line
+  with non-empty content; E2E = request start to end of body. Added latency = target - direct.
+* ``rss_open``: RSS of the gateway process while 1,000 streams are open at once.
+* ``growth``: RSS of the gateway every 10,000 requests over 100,000 short streams.
+
+Raw samples' percentiles (with counts) and settings go to ``<out>/gateway-<phase>.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+KEY = "bench-key-not-secret"
+
+
+# ---- statistics -------------------------------------------------------------------------------
+def pct(samples: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile of raw samples (q in 0..100)."""
+    if not samples:
+        return None
+    s = sorted(samples)
+    k = (len(s) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summary(samples: list[float]) -> dict[str, Any]:
+    ms = [x * 1000 for x in samples]
+    return {"n": len(ms), **{f"p{q}_ms": _r(pct(ms, q)) for q in (50, 90, 99)},
+            "max_ms": _r(max(ms) if ms else None),
+            "mean_ms": _r(sum(ms) / len(ms) if ms else None)}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+# ---- load client (runs in its own process) -----------------------------------------------------
+def _is_content(line: bytes) -> bool:
+    try:
+        obj = json.loads(line[5:])
+    except ValueError:
+        return False
+    for c in obj.get("choices") or ():
+        d = c.get("delta") or {}
+        if c.get("text") or d.get("content") or d.get("reasoning_content") or d.get("tool_calls"):
+            return True
+    return False
+
+
+async def _one(session: aiohttp.ClientSession, url: str, payload: bytes,
+               headers: dict[str, str]) -> tuple[float | None, float | None, str | None]:
+    t0 = time.perf_counter()
+    ttft = None
+    done = False
+    try:
+        async with session.post(url, data=payload, headers=headers) as r:
+            if r.status != 200:
+                await r.read()
+                return None, None, f"http_{r.status}"
+            async for line in r.content:
+                if line.startswith(b"data:"):
+                    if ttft is None and _is_content(line):
+                        ttft = time.perf_counter() - t0
+                    elif line.startswith(b"data: [DONE]"):
+                        done = True
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        return None, None, type(exc).__name__
+    e2e = time.perf_counter() - t0
+    return ttft, e2e, None if done and ttft is not None else "incomplete"
+
+
+async def run_client(url: str, model: str, concurrency: int, requests: int, warmup: int,
+                     body_extra: dict[str, Any], spread_s: float = 0.0) -> dict[str, Any]:
+    """Closed loop: ``concurrency`` workers share ``warmup`` + ``requests`` streams."""
+    payload = json.dumps({"model": model, "stream": True, "max_tokens": 64,
+                          "messages": [{"role": "user", "content": "Say something long."}],
+                          **body_extra}).encode()
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=300)
+    ttfts: list[float] = []
+    e2es: list[float] = []
+    errors: dict[str, int] = {}
+    total = warmup + requests
+    started = [0]
+    t_start = [0.0]
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+
+        async def worker(k: int) -> None:
+            # Stagger the first requests over one stream's length: a closed loop that starts
+            # all workers at once sends synchronized bursts no real client population sends.
+            await asyncio.sleep(k * spread_s / concurrency)
+            while started[0] < total:
+                idx = started[0]
+                started[0] += 1
+                if idx == warmup:
+                    t_start[0] = time.perf_counter()
+                ttft, e2e, err = await _one(session, url, payload, headers)
+                if idx < warmup:
+                    continue
+                if err:
+                    errors[err] = errors.get(err, 0) + 1
+                else:
+                    ttfts.append(ttft)  # type: ignore[arg-type]
+                    e2es.append(e2e)  # type: ignore[arg-type]
+
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        wall = time.perf_counter() - t_start[0]
+    return {"concurrency": concurrency, "requests": requests, "wall_s": round(wall, 3),
+            "req_per_s": round(len(e2es) / wall, 2), "errors": errors,
+            "ttft": summary(ttfts), "e2e": summary(e2es)}
+
+
+def client_main(a: argparse.Namespace) -> None:
+    import uvloop
+    extra = json.loads(a.body_extra)
+    out = uvloop.run(run_client(a.url, a.model, a.concurrency, a.requests, a.warmup, extra,
+                                a.spread_s))
+    print(json.dumps(out), flush=True)
+
+
+# ---- process helpers --------------------------------------------------------------------------
+def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start a server that prints 'listening URL' first; return (process, url)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         env={**os.environ, **(env or {})})
+    line = _readline(p, 60)
+    if not line.startswith("listening "):
+        p.kill()
+        raise RuntimeError(f"{cmd[:4]} did not start: {line!r}")
+    return p, line.split()[1]
+
+
+def _readline(p: subprocess.Popen, timeout: float) -> str:
+    import selectors
+    sel = selectors.DefaultSelector()
+    sel.register(p.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+    if not sel.select(timeout):
+        return ""
+    return p.stdout.readline().strip()  # type: ignore[union-attr]
+
+
+def _stop(p: subprocess.Popen) -> None:
+    p.terminate()
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(10)
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _client(url: str, model: str, c: int, n: int, warmup: int,
+            extra: dict[str, Any] | None = None, timeout: float = 900,
+            spread_s: float = 0.0) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "loadtests.bench_gateway", "client", "--url", url,
+           "--model", model, "--concurrency", str(c), "--requests", str(n),
+           "--warmup", str(warmup), "--body-extra", json.dumps(extra or {}),
+           "--spread-s", str(spread_s)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _gateway(upstream: str, tmp: Path) -> tuple[subprocess.Popen, str]:
+    cfg = {"keys": [{"name": "bench", "env": "BENCH_GATEWAY_KEY"}],
+           "providers": {"fake": {"base_url": upstream + "/v1", "max_retries": 0}},
+           "models": {"timed": {"provider": "fake", "model": "timed"}},
+           "request_log": str(tmp / "gateway-requests.jsonl")}
+    path = tmp / "gateway.yaml"
+    path.write_text(json.dumps(cfg))
+    return _spawn([sys.executable, "-m", "gateway", "--config", str(path), "--port", "0",
+                   "--log-level", "WARNING"], {"BENCH_GATEWAY_KEY": KEY})
+
+
+def _litellm(binary: str, upstream: str, tmp: Path, port: int) -> subprocess.Popen:
+    path = tmp / "litellm.yaml"
+    path.write_text(json.dumps({"model_list": [{"model_name": "timed", "litellm_params": {
+        "model": "openai/timed", "api_base": upstream + "/v1", "api_key": "x"}}]}))
+    env = {**os.environ, "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+    p = subprocess.Popen([binary, "--config", str(path), "--host", "127.0.0.1", "--port",
+                          str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=env)
+    import urllib.request
+    end = time.time() + 180
+    while time.time() < end:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/liveliness", timeout=2):
+                return p
+        except OSError:
+            time.sleep(1)
+    _stop(p)
+    raise RuntimeError("litellm did not become live in 180 s")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _meta(a: argparse.Namespace) -> dict[str, Any]:
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": "2-core x86-64 CPU VM, 24 GiB, Python 3.11, torch 2.13 CPU",
+            "loadavg_start": os.getloadavg(), "command": " ".join(sys.argv),
+            "fake_upstream": {"ttft_ms": a.ttft_ms, "itl_ms": a.itl_ms, "tokens": 64}}
+
+
+def _fake(a: argparse.Namespace, ttft_ms: float, itl_ms: float) -> tuple[subprocess.Popen, str]:
+    return _spawn([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
+                   "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens", "64"])
+
+
+# ---- phases -----------------------------------------------------------------------------------
+def phase_latency(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    fake, up = _fake(a, a.ttft_ms, a.itl_ms)
+    gw, gw_url = _gateway(up, tmp)
+    procs = {"direct": fake, "gateway": gw}
+    urls = {"direct": up, "gateway": gw_url}
+    if a.litellm:
+        port = _free_port()
+        procs["litellm"] = _litellm(a.litellm, up, tmp, port)
+        urls["litellm"] = f"http://127.0.0.1:{port}"
+    runs = []
+    try:
+        for c in [int(x) for x in a.concurrency.split(",")]:
+            n = a.requests_1 if c == 1 else c * a.rounds
+            for name, base in urls.items():
+                pid, fpid = procs[name].pid, fake.pid
+                cpu0, fcpu0 = _cpu_s(pid), _cpu_s(fpid)
+                log_rows = _log_len(tmp)
+                r = _client(base + "/v1/chat/completions", "timed", c, n, max(c, 20),
+                            spread_s=(a.ttft_ms + 63 * a.itl_ms) / 1000)
+                if name == "gateway":  # the gateway's own view, warm-up rows skipped
+                    r["gateway_log"] = _log_summary(tmp, log_rows + max(c, 20))
+                r.update(target=name, server_cpu_s=round(_cpu_s(pid) - cpu0, 2),
+                         server_rss_mb=_rss_mb(pid),
+                         fake_cpu_s=round(_cpu_s(fpid) - fcpu0, 2) if name != "direct" else None,
+                         loadavg=os.getloadavg())
+                runs.append(r)
+                print(f"[latency] c={c} {name}: ttft p50 {r['ttft']['p50_ms']} p99 "
+                      f"{r['ttft']['p99_ms']} ms (n={r['ttft']['n']}), errors {r['errors']}",
+                      flush=True)
+    finally:
+        for p in procs.values():
+            _stop(p)
+    return {"runs": runs, "added": _added(runs)}
+
+
+def _log_len(tmp: Path) -> int:
+    path = tmp / "gateway-requests.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _log_summary(tmp: Path, skip: int) -> dict[str, Any]:
+    """Percentiles of the gateway's request-log timings (overhead = time it added)."""
+    time.sleep(1.5)  # the log is flushed every second
+    rows = [json.loads(x) for x in
+            (tmp / "gateway-requests.jsonl").read_text().splitlines()[skip:]]
+    out: dict[str, Any] = {"rows": len(rows)}
+    for k in ("overhead_ttft_s", "overhead_s", "ttft_s", "upstream_ttfb_s"):
+        out[k.removesuffix("_s")] = summary([r[k] for r in rows if r[k] is not None])
+    return out
+
+
+def _added(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Target minus direct, per concurrency, for TTFT and E2E p50/p99."""
+    out = []
+    direct = {r["concurrency"]: r for r in runs if r["target"] == "direct"}
+    for r in runs:
+        d = direct.get(r["concurrency"])
+        if r["target"] == "direct" or d is None:
+            continue
+        row: dict[str, Any] = {"concurrency": r["concurrency"], "target": r["target"]}
+        for metric in ("ttft", "e2e"):
+            for q in ("p50_ms", "p99_ms"):
+                a, b = r[metric][q], d[metric][q]
+                row[f"added_{metric}_{q}"] = None if a is None or b is None else round(a - b, 3)
+        out.append(row)
+    return out
+
+
+def _metric(url: str, name: str) -> float:
+    import urllib.request
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def phase_rss_open(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Hold ``open_streams`` streams open at once (slow ITL) and watch the gateway's RSS."""
+    fake, up = _fake(a, 0, 100)
+    gw, gw_url = _gateway(up, tmp)
+    n = a.open_streams
+    try:
+        _client(gw_url + "/v1/chat/completions", "timed", 20, 20, 0,
+                {"fake": {"itl_ms": 0}})  # warm the connection pool and code paths
+        idle = _rss_mb(gw.pid)
+        cmd = [sys.executable, "-m", "loadtests.bench_gateway", "client", "--url",
+               gw_url + "/v1/chat/completions", "--model", "timed", "--concurrency", str(n),
+               "--requests", str(n), "--warmup", "0", "--body-extra", "{}"]
+        client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        peak_rss, peak_open, rss_at_peak_open = idle, 0.0, idle
+        end = time.time() + 120
+        while client.poll() is None and time.time() < end:
+            rss = _rss_mb(gw.pid)
+            open_now = _metric(gw_url, "gateway_in_flight_requests")
+            peak_rss = max(peak_rss, rss)
+            if open_now >= peak_open:
+                peak_open, rss_at_peak_open = open_now, rss
+            time.sleep(0.2)
+        out, _ = client.communicate(timeout=120)
+        result = json.loads(out.strip().splitlines()[-1])
+    finally:
+        _stop(gw)
+        _stop(fake)
+    return {"open_streams": n, "stream": "64 tokens, ITL 100 ms (6.4 s each)",
+            "idle_rss_mb": idle, "peak_in_flight": peak_open,
+            "rss_at_peak_in_flight_mb": rss_at_peak_open, "peak_rss_mb": peak_rss,
+            "client": result}
+
+
+def phase_growth(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """RSS every ``step`` requests over ``growth_requests`` short streams."""
+    fake, up = _fake(a, 0, 0)
+    gw, gw_url = _gateway(up, tmp)
+    extra = {"max_tokens": a.growth_tokens}
+    step = a.growth_requests // 10
+    points = [{"requests": 0, "rss_mb": _rss_mb(gw.pid)}]
+    errors: dict[str, int] = {}
+    t0 = time.time()
+    try:
+        for i in range(1, 11):
+            r = _client(gw_url + "/v1/chat/completions", "timed", a.growth_concurrency, step,
+                        0, extra)
+            for k, v in r["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+            points.append({"requests": i * step, "rss_mb": _rss_mb(gw.pid),
+                           "req_per_s": r["req_per_s"]})
+            print(f"[growth] {i * step} requests: RSS {points[-1]['rss_mb']} MB", flush=True)
+    finally:
+        _stop(gw)
+        _stop(fake)
+    return {"requests": a.growth_requests, "concurrency": a.growth_concurrency,
+            "stream": f"{a.growth_tokens} tokens, TTFT 0, ITL 0", "errors": errors,
+            "wall_s": round(time.time() - t0, 1), "points": points,
+            "growth_after_first_step_mb": round(points[-1]["rss_mb"] - points[1]["rss_mb"], 1)}
+
+
+def run_main(a: argparse.Namespace) -> None:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    phases = {"latency": phase_latency, "rss_open": phase_rss_open, "growth": phase_growth}
+    with tempfile.TemporaryDirectory(prefix="bench-gw-") as tmp:
+        for name in a.phases.split(","):
+            meta = _meta(a)
+            result = phases[name](a, Path(tmp))
+            meta["loadavg_end"] = os.getloadavg()
+            path = out / f"gateway-{name}.json"
+            path.write_text(json.dumps({"meta": meta, **result}, indent=1) + "\n")
+            print(f"wrote {path}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m loadtests.bench_gateway", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the benchmark phases")
+    r.add_argument("--out", default="docs/benchmarks")
+    r.add_argument("--phases", default="latency,rss_open,growth")
+    r.add_argument("--litellm", default=None, help="path to the litellm binary (optional)")
+    r.add_argument("--concurrency", default="1,100,500")
+    r.add_argument("--ttft-ms", type=float, default=50.0)
+    r.add_argument("--itl-ms", type=float, default=10.0)
+    r.add_argument("--requests-1", type=int, default=100, help="timed requests at c=1")
+    r.add_argument("--rounds", type=int, default=4, help="timed requests = c x rounds (c>1)")
+    r.add_argument("--open-streams", type=int, default=1000)
+    r.add_argument("--growth-requests", type=int, default=100_000)
+    r.add_argument("--growth-tokens", type=int, default=16)
+    r.add_argument("--growth-concurrency", type=int, default=50)
+    c = sub.add_parser("client", help="(internal) the load client process")
+    c.add_argument("--url", required=True)
+    c.add_argument("--model", required=True)
+    c.add_argument("--concurrency", type=int, required=True)
+    c.add_argument("--requests", type=int, required=True)
+    c.add_argument("--warmup", type=int, default=0)
+    c.add_argument("--body-extra", default="{}")
+    c.add_argument("--spread-s", type=float, default=0.0, help="stagger of worker starts")
+    a = p.parse_args(argv)
+    (run_main if a.cmd == "run" else client_main)(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+"""A fast, fault-injecting fake OpenAI-compatible upstream (stands in for TaoToken, vLLM, ...).
+
+Run it::
+
+    python -m loadtests.fake_upstream --host 127.0.0.1 --port 0 --ttft-ms 100 --itl-ms 10 --tokens 64
+
+The first stdout line is ``listening http://HOST:PORT`` (flushed). Endpoints: ``POST
+/v1/chat/completions``, ``POST /v1/completions`` (stream and not), ``GET /v1/models``, ``POST
+/tokenize`` (``{"prompt": text}`` or ``{"messages": [...]}`` -> ``{"tokens": [...], "count": n}``,
+whitespace tokens), ``GET /health``. Every path is also served without the ``/v1`` prefix.
+
+Streaming: the role-only chunk goes out at once, the first content chunk after ``ttft_ms``, each
+next one after ``itl_ms``; one token per content chunk; ``max_tokens`` caps the token count
+(finish_reason ``length``, else ``stop``); a usage chunk (``choices: []``) follows when the request
+has ``stream_options.include_usage``; then ``data: [DONE]``. Non-stream responses wait
+``ttft_ms + (n-1)*itl_ms`` and always carry ``usage``.
+
+Per-request control. Options come from the JSON body field ``"fake": {...}`` (what the openai SDK
+sends with ``extra_body={"fake": {...}}``, and what a proxy forwards unchanged) and from request
+headers ``x-fake-<option>`` (underscores become dashes, e.g. ``x-fake-ttft-ms: 5``); the body wins.
+
+=================  =========================================================================
+option             meaning
+=================  =========================================================================
+ttft_ms, itl_ms    delays (float ms), override the server defaults
+tokens             content tokens to send (still capped by ``max_tokens``)
+fault              one of: ``401`` ``500`` ``502`` ``503`` (JSON error), ``429`` (with ``Retry-After``),
+                   ``close`` (close the connection before any header: the client sees a
+                   disconnect), ``cut`` (drop the connection after ``cut_after`` content chunks,
+                   no terminating chunk), ``malformed`` (a broken ``data:`` line after
+                   ``cut_after`` chunks), ``stall_first`` (role chunk, then silence for
+                   ``stall_s``), ``stall_mid`` (silence after ``cut_after`` chunks), ``no_usage``
+                   (never send usage, even when asked)
+fail_times         apply ``fault`` only to the first N requests with the same ``x-request-id``
+                   (then answer normally): for retry tests
+retry_after        seconds in the ``Retry-After`` header of a 429 (default 1)
+cut_after          content chunks before cut/malformed/stall_mid (default 2)
+stall_s            length of a stall (default 3600)
+keepalive          number of empty-content chunks (``delta: {"content": ""}``) and SSE comment
+                   lines (``: keep-alive``) sent after the role chunk, before content
+no_role            true: skip the role-only chunk
+reasoning          the first N tokens go out as ``delta.reasoning_content``
+tool_calls         true: tokens go out as ``delta.tool_calls`` argument fragments
+=================  =========================================================================
+
+A connection *refusal* is a stopped server: use a port with nothing listening.
+
+Recording (for tests): ``FakeUpstream.received`` holds the last ``record_limit`` requests as
+``Received(path, headers, body)`` (headers include ``Authorization`` and ``x-request-id``);
+``stats`` counts ``requests``, ``open_streams``, ``completed_streams`` and ``cancelled_streams``
+(a stream whose client went away before it ended).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+_OPTION_TYPES: dict[str, Callable[[Any], Any]] = {
+    "ttft_ms": float, "itl_ms": float, "tokens": int, "fault": str, "fail_times": int,
+    "retry_after": float, "cut_after": int, "stall_s": float, "keepalive": int,
+    "no_role": lambda v: str(v).lower() in ("1", "true", "yes") if not isinstance(v, bool) else v,
+    "reasoning": int,
+    "tool_calls": lambda v: str(v).lower() in ("1", "true", "yes") if not isinstance(v, bool) else v,
+}
+_FAULTS = {"", "401", "500", "502", "503", "429", "close", "cut", "malformed", "stall_first",
+           "stall_mid", "no_usage"}
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    ttft_ms: float = 100.0
+    itl_ms: float = 10.0
+    tokens: int = 64
+    model: str = "fake-model"
+    record_limit: int = 1000  # bounded: benches send 100k requests
+
+    def __post_init__(self) -> None:
+        if self.ttft_ms < 0 or self.itl_ms < 0 or self.tokens < 0:
+            raise ValueError("ttft_ms, itl_ms and tokens must be >= 0")
+
+
+@dataclass
+class Received:
+    path: str
+    headers: CIMultiDict[str]  # case-insensitive, like HTTP
+    body: Any
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    open_streams: int = 0
+    completed_streams: int = 0
+    cancelled_streams: int = 0
+    attempts_by_id: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What to do for one request, after defaults and per-request options are merged."""
+    ttft_s: float
+    itl_s: float
+    tokens: int
+    finish_reason: str
+    fault: str
+    retry_after: float
+    cut_after: int
+    stall_s: float
+    keepalive: int
+    role: bool
+    reasoning: int
+    tool_calls: bool
+    include_usage: bool
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def _prompt_tokens(body: dict) -> list[str]:
+    if isinstance(body.get("messages"), list):
+        out: list[str] = []
+        for m in body["messages"]:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                out += _words(content)
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        out += _words(part["text"])
+        return out
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        prompt = " ".join(str(p) for p in prompt)
+    return _words(str(prompt))
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class FakeUpstream:
+    """In-process fake upstream: ``base_url = await fake.start()``; ``await fake.stop()``."""
+
+    def __init__(self, config: FakeConfig | None = None) -> None:
+        self.config = config or FakeConfig()
+        self.received: deque[Received] = deque(maxlen=self.config.record_limit)
+        self.stats = Stats()
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        for prefix in ("/v1", ""):
+            app.router.add_post(prefix + "/chat/completions", self._chat)
+            app.router.add_post(prefix + "/completions", self._completions)
+            app.router.add_get(prefix + "/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def start(self) -> str:
+        # handler_cancellation: a client that goes away during a stall cancels the handler,
+        # so tests can count cancelled streams.
+        self._runner = web.AppRunner(self.make_app(), handler_cancellation=True,
+                                     access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=4096)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.base_url = f"http://{self.config.host}:{port}"
+        return self.base_url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def last(self, path_suffix: str = "") -> Received:
+        for r in reversed(self.received):
+            if r.path.endswith(path_suffix):
+                return r
+        raise LookupError(f"no request to *{path_suffix} recorded")
+
+    # ---- plan ------------------------------------------------------------------------------
+    def _options(self, request: web.Request, body: dict) -> dict[str, Any]:
+        opts: dict[str, Any] = {}
+        for name, conv in _OPTION_TYPES.items():
+            h = request.headers.get("x-fake-" + name.replace("_", "-"))
+            if h is not None:
+                opts[name] = conv(h)
+        fake = body.get("fake")
+        if isinstance(fake, dict):
+            for name, value in fake.items():
+                if name not in _OPTION_TYPES:
+                    raise web.HTTPBadRequest(text=f"unknown fake option {name!r}")
+                opts[name] = _OPTION_TYPES[name](value)
+        fault = str(opts.get("fault", ""))
+        if fault not in _FAULTS:
+            raise web.HTTPBadRequest(text=f"unknown fault {fault!r}")
+        return opts
+
+    def _plan(self, request: web.Request, body: dict) -> _Plan:
+        o = self._options(request, body)
+        c = self.config
+        tokens = int(o.get("tokens", c.tokens))
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        finish = "stop"
+        if isinstance(max_tokens, int) and 0 <= max_tokens <= tokens:
+            tokens, finish = max_tokens, "length"
+        fault = str(o.get("fault", ""))
+        fail_times = o.get("fail_times")
+        if fault and fail_times is not None:
+            rid = request.headers.get("x-request-id", "")
+            seen = self.stats.attempts_by_id.get(rid, 0) + 1
+            self.stats.attempts_by_id[rid] = seen
+            if seen > fail_times:
+                fault = ""
+        so = body.get("stream_options")
+        return _Plan(
+            ttft_s=float(o.get("ttft_ms", c.ttft_ms)) / 1000,
+            itl_s=float(o.get("itl_ms", c.itl_ms)) / 1000,
+            tokens=tokens, finish_reason=finish, fault=fault,
+            retry_after=float(o.get("retry_after", 1.0)),
+            cut_after=int(o.get("cut_after", 2)), stall_s=float(o.get("stall_s", 3600.0)),
+            keepalive=int(o.get("keepalive", 0)), role=not o.get("no_role", False),
+            reasoning=int(o.get("reasoning", 0)), tool_calls=bool(o.get("tool_calls", False)),
+            include_usage=isinstance(so, dict) and bool(so.get("include_usage")),
+        )
+
+    # ---- handlers --------------------------------------------------------------------------
+    async def _read(self, request: web.Request) -> dict:
+        self.stats.requests += 1
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None
+        self.received.append(Received(request.path, CIMultiDict(request.headers), body))
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text="body must be a JSON object")
+        return body
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read(request)
+        return await self._generate(request, body, chat=True)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read(request)
+        return await self._generate(request, body, chat=False)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        data = [{"id": self.config.model, "object": "model", "created": 0, "owned_by": "fake"}]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await self._read(request)
+        toks = _prompt_tokens(body)
+        return web.json_response({"tokens": toks, "count": len(toks)})
+
+    async def _fault_response(self, request: web.Request, plan: _Plan) -> web.Response | None:
+        if plan.fault in ("401", "500", "502", "503", "429"):
+            status = int(plan.fault)
+            headers = {"Retry-After": f"{plan.retry_after:g}"} if status == 429 else None
+            err = {"error": {"message": f"fake upstream fault {status}", "type": "fake_fault",
+                             "param": None, "code": status}}
+            return web.json_response(err, status=status, headers=headers)
+        if plan.fault == "close":
+            if request.transport is not None:
+                request.transport.close()
+            raise asyncio.CancelledError()  # aiohttp drops the closed connection quietly
+        return None
+
+    async def _generate(self, request: web.Request, body: dict, chat: bool) -> web.StreamResponse:
+        plan = self._plan(request, body)
+        faulted = await self._fault_response(request, plan)
+        if faulted is not None:
+            return faulted
+        model = str(body.get("model") or self.config.model)
+        n_prompt = len(_prompt_tokens(body))
+        if body.get("stream"):
+            return await self._stream(request, plan, model, n_prompt, chat)
+        await asyncio.sleep(plan.ttft_s + plan.itl_s * max(plan.tokens - 1, 0))
+        text = "".join(f"t{i} " for i in range(plan.tokens))
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": plan.tokens,
+                 "total_tokens": n_prompt + plan.tokens}
+        if chat:
+            choice: dict[str, Any] = {"index": 0, "finish_reason": plan.finish_reason,
+                                      "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": plan.finish_reason,
+                      "logprobs": None}
+        out = {"id": "fake-" + uuid.uuid4().hex, "object": "chat.completion" if chat else
+               "text_completion", "created": int(time.time()), "model": model,
+               "choices": [choice]}
+        if plan.fault != "no_usage":
+            out["usage"] = usage
+        return web.json_response(out)
+
+    async def _stream(self, request: web.Request, plan: _Plan, model: str, n_prompt: int,
+                      chat: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        self.stats.open_streams += 1
+        finished = False
+        try:
+            await resp.prepare(request)
+            await self._emit(resp, plan, model, n_prompt, chat, request)
+            finished = True
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.stats.cancelled_streams += 1
+            raise
+        finally:
+            self.stats.open_streams -= 1
+            if finished:
+                self.stats.completed_streams += 1
+        return resp
+
+    async def _emit(self, resp: web.StreamResponse, plan: _Plan, model: str, n_prompt: int,
+                    chat: bool, request: web.Request) -> None:
+        cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        # Pre-split template: each content chunk is one bytes concatenation, no json.dumps.
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = (f'data: {{"id":"{cid}","object":"{obj}","created":{int(time.time())},'
+                f'"model":{json.dumps(model)},"choices":[{{"index":0,').encode()
+        tail = b',"finish_reason":null}]}\n\n'
+        write = resp.write
+        if chat and plan.role:
+            await write(head + b'"delta":{"role":"assistant","content":""}' + tail)
+        for _ in range(plan.keepalive):
+            await write(b": keep-alive\n\n")
+            await write(head + (b'"delta":{"content":""}' if chat else b'"text":""') + tail)
+        await asyncio.sleep(plan.ttft_s)
+        if plan.fault == "stall_first":
+            await asyncio.sleep(plan.stall_s)
+        for i in range(plan.tokens):
+            if i:
+                await asyncio.sleep(plan.itl_s)
+            if i == plan.cut_after and plan.fault in ("cut", "malformed", "stall_mid"):
+                if plan.fault == "malformed":
+                    await write(b'data: {"id": "broken", "choices": [\n\n')
+                    continue
+                if plan.fault == "stall_mid":
+                    await asyncio.sleep(plan.stall_s)
+                else:  # cut: no terminating chunk, the client sees an incomplete body
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return
+            await write(head + self._piece(i, plan, chat) + tail)
+        fin = {"index": 0, "finish_reason": plan.finish_reason}
+        fin.update({"delta": {}} if chat else {"text": ""})
+        await write(_sse({"id": cid, "object": obj, "created": int(time.time()), "model": model,
+                          "choices": [fin]}))
+        if plan.include_usage and plan.fault != "no_usage":
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": plan.tokens,
+                     "total_tokens": n_prompt + plan.tokens}
+            await write(_sse({"id": cid, "object": obj, "created": int(time.time()),
+                              "model": model, "choices": [], "usage": usage}))
+        await write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+
+    @staticmethod
+    def _piece(i: int, plan: _Plan, chat: bool) -> bytes:
+        word = f"t{i} "
+        if not chat:
+            return f'"text":"{word}"'.encode()
+        if i < plan.reasoning:
+            return f'"delta":{{"reasoning_content":"{word}"}}'.encode()
+        if plan.tool_calls:
+            call: dict[str, Any] = {"index": 0, "function": {"arguments": word}}
+            if i == plan.reasoning:
+                call.update(id="call_0", type="function")
+                call["function"]["name"] = "fake_tool"
+            return b'"delta":{"tool_calls":[' + json.dumps(call).encode() + b"]}"
+        return f'"delta":{{"content":"{word}"}}'.encode()
+
+
+def run_in_thread(config: FakeConfig | None = None,
+                  timeout_s: float = 10.0) -> tuple[str, Callable[[], None]]:
+    """Start a FakeUpstream on its own event loop thread; returns (base_url, stop)."""
+    fake = FakeUpstream(config)
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def _run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            box["url"] = loop.run_until_complete(fake.start())
+        except BaseException as exc:  # surface bind errors to the caller
+            box["error"] = exc
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(fake.stop())
+        loop.close()
+
+    thread = threading.Thread(target=_run, name="fake-upstream", daemon=True)
+    thread.start()
+    if not ready.wait(timeout_s) or "error" in box:
+        raise RuntimeError(f"fake upstream did not start: {box.get('error')}")
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout_s)
+
+    stop.fake = fake  # type: ignore[attr-defined]  # lets callers inspect .received/.stats
+    return box["url"], stop
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m loadtests.fake_upstream", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 = any free port")
+    p.add_argument("--ttft-ms", type=float, default=100.0)
+    p.add_argument("--itl-ms", type=float, default=10.0)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--model", default="fake-model")
+    a = p.parse_args(argv)
+    cfg = FakeConfig(host=a.host, port=a.port, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
+                     tokens=a.tokens, model=a.model, record_limit=100)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve(cfg))
+    else:
+        uvloop.run(_serve(cfg))
+
+
+async def _serve(cfg: FakeConfig) -> None:
+    fake = FakeUpstream(cfg)
+    url = await fake.start()
+    print(f"listening {url}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await fake.stop()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(0)

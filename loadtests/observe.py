@@ -1,0 +1,147 @@
+"""What the sweep watches besides the client: Prometheus /metrics deltas and GPU samples (NVML).
+
+GPU sampling uses nvidia-ml-py (``pynvml``). Without an NVIDIA GPU or driver the sample is
+recorded as unavailable, with the reason; nothing is estimated or faked.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtests.stats import summarize
+
+Snapshot = dict[str, float]  # "name{label=value,...}" -> value
+
+
+def scrape(url: str | None, timeout_s: float = 5.0, token: str | None = None) -> Snapshot | None:
+    """Samples of every ``gateway_*``/``backend_*`` metric at ``url``; None when unreachable."""
+    if not url:
+        return None
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            text = resp.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    out: Snapshot = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(("gateway_", "backend_")):
+            continue
+        for s in family.samples:
+            if s.name.endswith("_bucket") or s.name.endswith("_created"):
+                continue  # sums and counts are enough for means; buckets bloat the JSON
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = float(s.value)
+    return out
+
+
+def delta(before: Snapshot | None, after: Snapshot | None) -> dict[str, float] | None:
+    """Counter/histogram increase over a step; gauges (no _total/_sum/_count) keep their end value."""
+    if after is None:
+        return None
+    before = before or {}
+    out = {}
+    for key, value in after.items():
+        name = key.split("{", 1)[0]
+        if name.endswith(("_total", "_sum", "_count")):
+            out[key] = value - before.get(key, 0.0)
+        else:
+            out[key] = value
+    return out
+
+
+def histogram_means(d: dict[str, float] | None, prefix: str) -> dict[str, float]:
+    """``{metric: mean seconds}`` over the step, summed across label sets, from _sum/_count."""
+    if not d:
+        return {}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for key, value in d.items():
+        name = key.split("{", 1)[0]
+        if not name.startswith(prefix):
+            continue
+        if name.endswith("_sum"):
+            sums[name[:-4]] = sums.get(name[:-4], 0.0) + value
+        elif name.endswith("_count"):
+            counts[name[:-6]] = counts.get(name[:-6], 0.0) + value
+    return {n: sums[n] / counts[n] for n in sums if counts.get(n)}
+
+
+@dataclass
+class GpuSamples:
+    available: bool
+    reason: str | None = None
+    name: str | None = None
+    util_pct: list[float] = field(default_factory=list)
+    mem_used_mib: list[float] = field(default_factory=list)
+    mem_total_mib: float | None = None
+
+    def summary(self) -> dict:
+        if not self.available:
+            return {"available": False, "reason": self.reason}
+        return {"available": True, "name": self.name,
+                "util_pct": summarize(self.util_pct).to_dict(),
+                "mem_used_mib": summarize(self.mem_used_mib).to_dict(),
+                "mem_total_mib": self.mem_total_mib}
+
+
+class GpuSampler:
+    """Samples GPU-Util and memory of every visible GPU (averaged across GPUs) in a thread."""
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.samples = GpuSamples(available=False)
+
+    def start(self) -> None:
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                       for i in range(pynvml.nvmlDeviceGetCount())]
+            if not handles:
+                raise RuntimeError("NVML sees no GPU")
+        except Exception as exc:  # no driver / no GPU / nvidia-ml-py missing
+            self.samples = GpuSamples(available=False, reason=f"NVML unavailable: {exc}")
+            return
+        name = pynvml.nvmlDeviceGetName(handles[0])
+        total = sum(pynvml.nvmlDeviceGetMemoryInfo(h).total for h in handles) / 2**20
+        self.samples = GpuSamples(available=True, name=str(name), mem_total_mib=total)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, args=(pynvml, handles), daemon=True)
+        self._thread.start()
+
+    def _run(self, pynvml: object, handles: list) -> None:
+        while not self._stop.wait(self._interval):
+            util = [pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in handles]  # type: ignore[attr-defined]
+            mem = [pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]  # type: ignore[attr-defined]
+            self.samples.util_pct.append(sum(util) / len(util))
+            self.samples.mem_used_mib.append(sum(mem) / 2**20)
+
+    def stop(self) -> GpuSamples:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        return self.samples
+
+
+def wait_http_ok(url: str, timeout_s: float, interval_s: float = 0.5) -> bool:
+    """Poll ``url`` until it answers 200 (a server coming up); False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(interval_s)
+    return False

@@ -1,0 +1,65 @@
+"""Fixtures: the backend app over the fake engine (fast) and over the real engine."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+
+from backend.engine.config import EngineConfig
+from backend.server import ServerConfig, create_app
+from backend.tokenizer import Tokenizer
+
+from .fakes import fake_factory
+from .harness import ServerThread
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_source(chat_template: bool = True) -> object:
+    from backend.weights.loader import synthetic_source
+
+    source = synthetic_source("tiny")
+    if not chat_template:
+        tok = source.tokenizer
+        source = dataclasses.replace(source, name="tiny-no-template", tokenizer=Tokenizer(
+            tok.backend, dataclasses.replace(tok.meta, chat_template=None)))
+    return source
+
+
+def fake_server(chat_template: bool = True, nvtx: bool = False,
+                **engine_kwargs: object) -> ServerThread:
+    factory = fake_factory(**engine_kwargs)
+    config = ServerConfig(model="synthetic:tiny", served_model_name="fake-model",
+                          engine=EngineConfig(max_num_seqs=8, nvtx=nvtx, nvtx_prefix="t"))
+    loader = lambda name: _tiny_source(chat_template)  # noqa: E731
+    return ServerThread(lambda: create_app(config, source_loader=loader,
+                                           engine_factory=factory)).start()
+
+
+@pytest.fixture(scope="module")
+def fake() -> ServerThread:
+    server = fake_server()
+    yield server
+    server.stop()
+
+
+def real_server(model: str, **engine: object) -> ServerThread:
+    """The app over the real AsyncEngine and model loader."""
+    config = ServerConfig(model=model, engine=EngineConfig(**engine))
+    return ServerThread(lambda: create_app(config)).start()
+
+
+@pytest.fixture(scope="session")  # shared by the SDK and the gateway tests: load it once
+def smollm2() -> ServerThread:
+    # A smaller KV pool than the default keeps the test process light; 2048 tokens of context
+    # is plenty for these prompts.
+    server = real_server("smollm2-135m-instruct", kv_cache_memory_gib=0.25, max_model_len=2048)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny() -> ServerThread:
+    server = real_server("synthetic:tiny", max_model_len=512)
+    yield server
+    server.stop()

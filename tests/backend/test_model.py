@@ -1,0 +1,76 @@
+"""backend/model.py against transformers: logits within fp32 tolerance, identical greedy."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling import SamplingParams
+from backend.model import LlamaModel
+from tests.backend.tiny_models import hf_greedy, source_from_hf, tiny_hf_model
+
+FP32_ATOL = 1e-4
+GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+
+
+def _engine(source, **kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, max_model_len=512, **kw), source)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "llama3"])
+@pytest.mark.parametrize("attention", ["sdpa", "math"])
+def test_tiny_logits_and_greedy_match_transformers(kind: str, attention: str) -> None:
+    hf = tiny_hf_model(kind)
+    engine = _engine(source_from_hf(hf), attention=attention)
+    prompt = torch.randint(3, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0].float()  # [T, V]
+    got = engine.score(prompt)
+    assert got.shape == ref.shape
+    assert (got - ref).abs().max().item() < FP32_ATOL
+    assert engine.generate([prompt], GREEDY)[0] == hf_greedy(hf, prompt, 32)
+    assert engine.block_manager.num_used == 0
+
+
+def test_llama3_rope_scaling_is_applied() -> None:
+    """The llama3 model differs from the plain one only in RoPE: logits must differ."""
+    plain, scaled = tiny_hf_model("llama"), tiny_hf_model("llama3")
+    prompt = list(range(3, 120))
+    a = _engine(source_from_hf(plain)).score(prompt)
+    b = _engine(source_from_hf(scaled)).score(prompt)
+    assert (a - b).abs().max().item() > 1e-3
+
+
+def test_load_weights_rejects_unknown_and_missing() -> None:
+    hf = tiny_hf_model("llama")
+    source = source_from_hf(hf)
+    model = LlamaModel(source.config, "cpu", torch.float32, max_len=64)
+    state = dict(source.weights())
+    with pytest.raises(KeyError, match="unexpected weight"):
+        model.load_weights(list(state.items()) + [("model.extra.weight", torch.zeros(1))])
+    state.pop("model.norm.weight")
+    with pytest.raises(KeyError, match="model.norm.weight"):
+        model.load_weights(state.items())
+
+
+def test_smollm2_matches_transformers_from_same_gguf(smollm2_source) -> None:
+    transformers = pytest.importorskip("transformers")
+    from backend.weights import embedded
+
+    gguf = embedded.find_or_fetch()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    hf.eval()
+    tok = smollm2_source.tokenizer
+    prompt = tok.encode(tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}]))
+    engine = _engine(smollm2_source)
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0].float()
+    got = engine.score(prompt)
+    # fp32 both sides; the 30-layer depth and 49k vocab make 1e-3 the honest tolerance.
+    assert (got - ref).abs().max().item() < 1e-3
+    ours = engine.generate([prompt], GREEDY)[0]
+    assert ours == hf_greedy(hf, prompt, 32)
+    assert "Paris" in tok.decode(ours)

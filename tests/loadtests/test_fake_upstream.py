@@ -1,0 +1,171 @@
+"""The fake upstream: delays, faults, recording, CLI and the thread helper."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from loadtests.fake_upstream import FakeConfig, FakeUpstream, run_in_thread
+
+
+@pytest.fixture
+async def fake():
+    f = FakeUpstream(FakeConfig(ttft_ms=60, itl_ms=5, tokens=6))
+    await f.start()
+    yield f
+    await f.stop()
+
+
+async def _events(resp: aiohttp.ClientResponse) -> list[tuple[float, str]]:
+    t0 = time.perf_counter()
+    out = []
+    async for line in resp.content:
+        line = line.strip()
+        if line.startswith(b"data: "):
+            out.append((time.perf_counter() - t0, line[6:].decode()))
+    return out
+
+
+def _chat(**extra):
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "a b c"}],
+            "stream_options": {"include_usage": True}}
+    body.update(extra)
+    return body
+
+
+async def test_stream_shape_and_delays(fake):
+    async with aiohttp.ClientSession() as s:
+        async with s.post(fake.base_url + "/v1/chat/completions", json=_chat(max_tokens=4),
+                          headers={"x-request-id": "rid-1", "Authorization": "Bearer up"}) as r:
+            ev = await _events(r)
+    assert ev[-1][1] == "[DONE]"
+    chunks = [json.loads(d) for _, d in ev[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    contents = [c["choices"][0]["delta"].get("content") for c in chunks[1:5]]
+    assert contents == ["t0 ", "t1 ", "t2 ", "t3 "]
+    assert chunks[5]["choices"][0]["finish_reason"] == "length"
+    assert chunks[6]["choices"] == [] and chunks[6]["usage"]["completion_tokens"] == 4
+    assert chunks[6]["usage"]["prompt_tokens"] == 3
+    assert ev[1][0] >= 0.055  # first content after ttft
+    rec = fake.last("/chat/completions")
+    assert rec.headers["x-request-id"] == "rid-1" and rec.headers["Authorization"] == "Bearer up"
+    assert rec.body["max_tokens"] == 4
+    assert fake.stats.completed_streams == 1 and fake.stats.open_streams == 0
+
+
+async def test_per_request_options_header_and_body(fake):
+    async with aiohttp.ClientSession() as s:
+        body = _chat(fake={"ttft_ms": 0, "tokens": 3, "reasoning": 1, "keepalive": 2,
+                           "fault": "no_usage"})
+        async with s.post(fake.base_url + "/v1/chat/completions", json=body,
+                          headers={"x-fake-itl-ms": "0"}) as r:
+            ev = await _events(r)
+        raw = [d for _, d in ev]
+        assert raw[-1] == "[DONE]" and all('"usage"' not in d for d in raw)
+        deltas = [json.loads(d)["choices"][0].get("delta") for d in raw[1:-1]]
+        assert deltas[:2] == [{"content": ""}, {"content": ""}]
+        assert deltas[2] == {"reasoning_content": "t0 "} and deltas[3] == {"content": "t1 "}
+        async with s.post(fake.base_url + "/v1/chat/completions",
+                          json=_chat(fake={"tool_calls": True, "tokens": 2, "ttft_ms": 0})) as r:
+            ev = await _events(r)
+        call = json.loads(ev[1][1])["choices"][0]["delta"]["tool_calls"][0]
+        assert call["function"]["name"] == "fake_tool"
+
+
+@pytest.mark.parametrize("code", [500, 502, 503, 429])
+async def test_http_faults(fake, code):
+    async with aiohttp.ClientSession() as s:
+        async with s.post(fake.base_url + "/v1/chat/completions",
+                          json=_chat(fake={"fault": str(code), "retry_after": 2})) as r:
+            assert r.status == code
+            assert (await r.json())["error"]["code"] == code
+            if code == 429:
+                assert r.headers["Retry-After"] == "2"
+
+
+async def test_fail_times_then_ok(fake):
+    async with aiohttp.ClientSession() as s:
+        statuses = []
+        for _ in range(3):
+            async with s.post(fake.base_url + "/v1/completions",
+                              json={"prompt": "x", "fake": {"fault": "503", "fail_times": 2}},
+                              headers={"x-request-id": "same"}) as r:
+                statuses.append(r.status)
+    assert statuses == [503, 503, 200]
+
+
+async def test_connection_faults(fake):
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            async with s.post(fake.base_url + "/v1/chat/completions",
+                              json=_chat(fake={"fault": "close"})) as r:
+                await r.read()
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async with s.post(fake.base_url + "/v1/chat/completions",
+                              json=_chat(fake={"fault": "cut", "cut_after": 1})) as r:
+                await _events(r)
+        async with s.post(fake.base_url + "/v1/chat/completions",
+                          json=_chat(fake={"fault": "malformed", "cut_after": 1})) as r:
+            raw = [d for _, d in await _events(r)]
+        assert any(d.startswith('{"id": "broken"') for d in raw)
+
+
+async def test_stall_then_client_gone_counts_cancelled(fake):
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                async with s.post(fake.base_url + "/v1/chat/completions",
+                                  json=_chat(fake={"fault": "stall_first"})) as r:
+                    await _events(r)
+    for _ in range(100):
+        if fake.stats.cancelled_streams:
+            break
+        await asyncio.sleep(0.02)
+    assert fake.stats.cancelled_streams == 1 and fake.stats.open_streams == 0
+
+
+async def test_non_stream_models_tokenize(fake):
+    async with aiohttp.ClientSession() as s:
+        async with s.post(fake.base_url + "/v1/chat/completions",
+                          json={"messages": [{"role": "user", "content": "hi there"}]}) as r:
+            out = await r.json()
+        assert out["choices"][0]["message"]["content"] == "t0 t1 t2 t3 t4 t5 "
+        assert out["usage"] == {"prompt_tokens": 2, "completion_tokens": 6, "total_tokens": 8}
+        async with s.post(fake.base_url + "/tokenize",
+                          json={"messages": [{"role": "user", "content": "a b"}]}) as r:
+            assert await r.json() == {"tokens": ["a", "b"], "count": 2}
+        async with s.get(fake.base_url + "/v1/models") as r:
+            assert (await r.json())["data"][0]["id"] == "fake-model"
+        async with s.post(fake.base_url + "/v1/completions",
+                          json={"prompt": "x", "fake": {"bogus": 1}}) as r:
+            assert r.status == 400
+
+
+def test_run_in_thread_and_cli():
+    url, stop = run_in_thread(FakeConfig(ttft_ms=0, itl_ms=0, tokens=2))
+    try:
+        import urllib.request
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            assert json.loads(r.read()) == {"status": "ok"}
+    finally:
+        stop()
+    proc = subprocess.Popen([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
+                             "--ttft-ms", "0", "--itl-ms", "0", "--tokens", "3"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening http://127.0.0.1:")
+        import urllib.request
+        req = urllib.request.Request(line.split()[1] + "/v1/completions",
+                                     data=b'{"prompt": "a"}',
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert json.loads(r.read())["usage"]["completion_tokens"] == 3
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,0 +1,69 @@
+"""The sweep end to end (Locust subprocesses through the gateway), its files, and the joins."""
+import csv
+import json
+import subprocess
+import sys
+
+from loadtests.decompose import decompose
+from loadtests.sse import RequestRecord
+
+from .conftest import CLIENT_KEY, ROOT
+
+
+def test_sweep_writes_csv_json_charts_and_html(lt_fake, lt_gateway, tmp_path):
+    up, _ = lt_fake(ttft_ms=60, itl_ms=5, tokens=64)
+    gw, gw_log = lt_gateway(up)
+    out = tmp_path / "sweep"
+    res = subprocess.run(
+        [sys.executable, "-m", "loadtests.sweep", "--host", gw, "--model", "fast",
+         "--batch-sizes", "1,2", "--requests", "12", "--prompt-tokens", "10",
+         "--output-tokens", "8", "--ttft-slo-ms", "10000", "--out", str(out),
+         "--gateway-log", str(gw_log), "--tokenize-url", up + "/tokenize",
+         "--step-timeout", "60", "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=200,
+        env={**__import__("os").environ, "GATEWAY_API_KEY": CLIENT_KEY})
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
+    assert "Largest batch size meeting TTFT p99 <= 10000 ms: 2" in res.stdout
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [int(r["batch_size"]) for r in rows] == [1, 2]
+    for r in rows:
+        assert int(r["requests_ok"]) >= 12 and int(r["requests_failed"]) == 0
+        assert 60 <= float(r["ttft_p50_ms"]) < 160
+        assert float(r["output_tok_s"]) > 0 and float(r["goodput_req_s"]) > 0
+        # the decomposition columns, joined through the gateway's request log
+        assert float(r["ttft_client_side_ms"]) >= 0 and float(r["ttft_upstream_ms"]) >= 55
+    data = json.load(open(out / "results.json"))
+    assert data["meta"]["best_batch_size"] == 2
+    assert any("p99 from" in w for w in data["meta"]["warnings"])  # 12 samples < 100
+    for row in data["rows"]:
+        assert row["decomposition_joined"]["gateway"] == row["decomposition_joined"]["requests"]
+        if not row["gpu_available"]:  # CPU machine: recorded as unavailable, never faked
+            assert row["gpu_util_mean_pct"] is None and "NVML" in row["gpu"]["reason"]
+        assert any(k.startswith("gateway_ttft_seconds") for k in row["gateway_means_s"])
+    for png in ("ttft_vs_batch.png", "tpot_throughput_gpu.png", "ttft_decomposition.png"):
+        assert (out / png).stat().st_size > 5000
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3 and "Largest batch size" in html
+    assert (out / "steps" / "batch-002" / "records.jsonl").exists()
+
+
+def _rec(rid, ttft, timings=None):
+    return RequestRecord(request_id=rid, model="m", ok=True, ttft_s=ttft,
+                         server_timings=timings)
+
+
+def test_decomposition_adds_up_to_the_client_ttft():
+    timings = {"queue_s": 0.030, "prefill_s": 0.050, "first_token_s": 0.090}
+    recs = [_rec("a", 0.100, timings), _rec("b", 0.100, timings)]
+    gw = {"a": {"ttft_s": 0.095, "overhead_ttft_s": 0.001},
+          "b": {"ttft_s": 0.095, "overhead_ttft_s": 0.001}}
+    d = decompose(recs, gw)
+    m = d["mean_s"]
+    assert d["joined_gateway"] == 2 and d["joined_backend"] == 2
+    assert abs(m["client side"] - 0.005) < 1e-9 and abs(m["gateway"] - 0.001) < 1e-9
+    assert abs(m["gateway->backend hop"] - 0.004) < 1e-9
+    assert abs(m["backend queue"] - 0.030) < 1e-9 and abs(m["prefill"] - 0.050) < 1e-9
+    assert abs(m["backend other"] - 0.010) < 1e-9
+    assert abs(sum(m.values()) - 0.100) < 1e-9
+    no_gw = decompose(recs, {})["mean_s"]
+    assert abs(no_gw["client + gateway"] - 0.010) < 1e-9
