@@ -115,9 +115,16 @@ def kernel_summary(path: Path) -> dict[str, float]:
     return {"kernel_time_ns": total, "kernel_launches": launches, "kernel_names": len(rows)}
 
 
-def memop_summary(path: Path) -> dict[str, float]:
-    rows = read_table(path, "Operation")
+def memop_summary(path: Path | None) -> dict[str, float]:
+    """Copy and memset time. None, or nsys's 'SKIPPED: ... does not contain ... memory ...'
+    (a capture with no memory operations), counts as zero."""
     out = {"memop_time_ns": 0.0, "htod_ns": 0.0, "dtoh_ns": 0.0}
+    if path is None:
+        return out
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if "Operation" not in text and "SKIPPED" in text:
+        return out
+    rows = read_table(path, "Operation")
     if not rows:
         return out
     col, factor = time_column(rows[0], "Total Time")
@@ -146,7 +153,10 @@ def trace_gaps(path: Path) -> dict[str, float]:
     per_device: dict[str, list[tuple[float, float]]] = {}
     kernels, short = 0, 0
     for r in rows:
-        start, dur = number(r[start_col]) * sf, number(r[dur_col]) * df
+        start, dur = number(r[start_col]), number(r[dur_col])
+        if start is None or dur is None:
+            continue
+        start, dur = start * sf, dur * df
         per_device.setdefault(r.get("Device", "") or "", []).append((start, start + dur))
         if not r["Name"].lstrip().startswith("[CUDA "):
             kernels += 1
@@ -169,15 +179,17 @@ def trace_gaps(path: Path) -> dict[str, float]:
             "trace_kernels": kernels, "short_kernels": short, "devices": len(per_device)}
 
 
-def nsys_report(kern: Path | None, mem: Path | None, trace: Path | None) -> dict:
-    """The three numbers: gap ratio, memcpy share, launch count, each with its check."""
+def nsys_report(kern: Path | None, mem: Path | None, trace: Path | None,
+                no_memops: bool = False) -> dict:
+    """The three numbers: gap ratio, memcpy share, launch count, each with its check.
+    `no_memops`: nsys wrote no memory-operation report (none happened); count them as zero."""
     out: dict = {}
     checks: list[Check] = []
     if kern:
         out.update(kernel_summary(kern))
-    if mem:
+    if mem or no_memops:
         out.update(memop_summary(mem))
-    if kern and mem:
+    if kern and (mem or no_memops):
         gpu = out["kernel_time_ns"] + out["memop_time_ns"]
         share = (out["htod_ns"] + out["dtoh_ns"]) / gpu if gpu else 0.0
         out["memcpy_share"] = share
@@ -328,11 +340,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    no_memops = False
     if a.nsys_prefix:
         pre = a.nsys_prefix
         a.kern_sum = a.kern_sum or Path(f"{pre}_cuda_gpu_kern_sum.csv")
         a.mem_time_sum = a.mem_time_sum or Path(f"{pre}_cuda_gpu_mem_time_sum.csv")
         a.gpu_trace = a.gpu_trace or Path(f"{pre}_cuda_gpu_trace.csv")
+        # nsys skips the memory report of a capture without copies: that is zero, not an error.
+        if not a.mem_time_sum.is_file() and a.kern_sum.is_file():
+            no_memops, a.mem_time_sum = True, None
     if not (a.kern_sum or a.mem_time_sum or a.gpu_trace or a.ncu_csv):
         print("summarize.py: give --nsys-prefix, the nsys CSVs, and/or --ncu-csv", file=sys.stderr)
         return 2
@@ -341,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
             if p is not None and not p.is_file():
                 raise FileNotFoundError(f"no such file: {p}")
         has_nsys = a.kern_sum or a.mem_time_sum or a.gpu_trace
-        nsys = nsys_report(a.kern_sum, a.mem_time_sum, a.gpu_trace) if has_nsys else None
+        nsys = nsys_report(a.kern_sum, a.mem_time_sum, a.gpu_trace, no_memops) \
+            if has_nsys else None
         kernels = ncu_report(a.ncu_csv, a.kernel_regex) if a.ncu_csv else None
     except (OSError, ValueError, KeyError) as exc:
         print(f"summarize.py: {exc}", file=sys.stderr)

@@ -157,3 +157,17 @@ def test_a_csv_without_the_expected_table_is_rejected(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--kern-sum", str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no CSV header" in proc.stderr
+
+
+def test_a_capture_without_memory_operations_counts_zero(tmp_path):
+    # nsys writes no memory-operation table when nothing was copied; the share is then 0.
+    pre = tmp_path / "p"
+    for r in ("cuda_gpu_kern_sum", "cuda_gpu_trace"):
+        (tmp_path / f"p_{r}.csv").write_text((FIX / f"healthy_{r}.csv").read_text())
+    rc, text, doc = run_cli("--nsys-prefix", str(pre), tmp_path=tmp_path)
+    assert rc == 0, text
+    assert doc["nsys"]["memcpy_share"] == 0.0 and doc["nsys"]["memop_time_ns"] == 0.0
+    (tmp_path / "p_cuda_gpu_mem_time_sum.csv").write_text(
+        "SKIPPED: p.sqlite does not contain GPU memory data.\n")
+    rc, text, doc = run_cli("--nsys-prefix", str(pre), tmp_path=tmp_path)
+    assert rc == 0 and doc["nsys"]["memcpy_share"] == 0.0, text

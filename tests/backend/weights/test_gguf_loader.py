@@ -59,8 +59,7 @@ def test_each_type_dequantises_to_hf_layout(tmp_path, cache_dir, qtype):
         assert np.abs(got - original).max() <= TOLERANCE[qtype], name
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1],
-                         ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 def test_matches_transformers_gguf_loader(tmp_path, cache_dir, qtype):
     transformers = pytest.importorskip("transformers")
     hf = random_hf_tensors(seed=2)
@@ -250,3 +249,23 @@ def test_embedded_smollm2_matches_transformers(cache_dir):
     assert again.config == c
     # Not a timing assertion: just recorded so a slow cache shows up in the test log.
     print(f"cached load took {time.perf_counter() - started:.2f}s")
+
+
+def test_concurrent_first_starts_share_one_cache_entry(tmp_path, cache_dir):
+    """Two processes converting the same file at once (make run + a test, two replicas): both
+    load, and the cache ends with one complete entry and no temporary directories."""
+    import subprocess
+    import sys
+
+    path = write_llama_gguf(tmp_path / "race.gguf", random_hf_tensors(seed=8), Q.Q8_0)
+    code = ("import sys; from backend.weights.gguf_loader import load_gguf; "
+            "s = load_gguf(sys.argv[1]); print(sum(t.numel() for _, t in s.weights()))")
+    env = dict(os.environ, FIRSTTOKEN_CACHE=str(cache_dir))
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    assert outs[0][0] == outs[1][0] and int(outs[0][0]) > 0
+    entries = list((cache_dir / "converted").iterdir())
+    assert entries == [cache.entry_dir(path)] and cache.lookup(path) is not None
