@@ -28,6 +28,17 @@ async def serve(config: GatewayConfig, host: str, port: int) -> None:
     await runner.cleanup()
 
 
+def _raise_fd_limit() -> None:
+    """Each open stream holds two sockets (client + upstream): lift the soft fd limit."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):  # not on this platform / not allowed
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gateway",
                                 description="firsttoken OpenAI-compatible gateway")
@@ -46,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError) as exc:
         print(f"gateway: bad config {a.config}: {exc}", file=sys.stderr)
         return 2
+    _raise_fd_limit()
     host = a.host or config.listen.host
     port = config.listen.port if a.port is None else a.port
     try:

@@ -153,6 +153,18 @@ async def _pump(resp: web.StreamResponse, opened: Opened, rec: RequestRecord, se
         raise ClientGone() from None
     rec.t_end_ns = clock()
     rec.status = 200
+    await _drain(opened.response)
+
+
+async def _drain(upstream: aiohttp.ClientResponse) -> None:
+    """Read past [DONE] to the body's end so the upstream connection goes back to the pool
+    (an unfinished body would force a new connection, and its setup, for the next request)."""
+    try:
+        async with asyncio.timeout(1.0):
+            while await upstream.content.readany():
+                pass
+    except (TimeoutError, aiohttp.ClientError):
+        upstream.close()
 
 
 async def _write(write: Any, data: bytes) -> None:

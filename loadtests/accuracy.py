@@ -18,6 +18,7 @@ import platform
 import socket
 import subprocess
 import sys
+import threading
 import time
 from urllib.parse import urlsplit
 
@@ -39,16 +40,23 @@ def start_fake(ttft_ms: float, itl_ms: float, tokens: int) -> tuple[subprocess.P
     return proc, line.split()[1]
 
 
-def reference_errors(url: str, n: int, ttft_ms: float, tokens: int) -> list[float]:
-    """TTFT error seen by the simplest possible client: a blocking socket, one request."""
+def reference_errors(url: str, n: int, ttft_ms: float, tokens: int,
+                     stop: threading.Event | None = None) -> list[float]:
+    """TTFT error seen by the simplest possible client: a blocking socket, one request.
+
+    With ``stop`` it runs (up to ``n`` requests) until set: a probe of how late the fake
+    upstream itself is while Locust loads it.
+    """
     u = urlsplit(url)
     body = json.dumps({"model": "m", "stream": True, "max_tokens": tokens,
                        "messages": [{"role": "user", "content": "x"}]}).encode()
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {u.netloc}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n").encode()
-    errs = []
+    errs: list[float] = []
     for _ in range(n):
+        if stop is not None and stop.is_set():
+            break
         with socket.create_connection((u.hostname, u.port), timeout=30) as s:
             t0 = time.perf_counter_ns()
             s.sendall(head + body)
@@ -62,22 +70,55 @@ def reference_errors(url: str, n: int, ttft_ms: float, tokens: int) -> list[floa
     return errs
 
 
-def run_users(url: str, users: int, requests: int, out_dir: str, a: argparse.Namespace) -> dict:
-    records = os.path.join(out_dir, f"users-{users:03d}.jsonl")
+def spawn_rate(users: int, mode: str, a: argparse.Namespace) -> float:
+    """lockstep: all users start together and, with a constant service time, stay in step (the
+    worst case: every first token of a wave arrives at once). staggered: users start spread
+    over one request's duration, so their streams interleave like independent clients."""
+    if mode == "lockstep":
+        return float(users)
+    service_s = (a.ttft_ms + a.itl_ms * (a.tokens - 1)) / 1000
+    return max(users / service_s, 0.5)
+
+
+def run_users(url: str, users: int, requests: int, out_dir: str, a: argparse.Namespace,
+              mode: str, fake_pid: int) -> dict:
+    import psutil
+    records = os.path.join(out_dir, f"{mode}-users-{users:03d}.jsonl")
+    rate = spawn_rate(users, mode, a)
     cmd = [sys.executable, "-m", "locust", "-f", CHAT_PY, "--headless", "--only-summary",
-           "-u", str(users), "-r", str(users), "-t", f"{a.step_timeout}s", "--host", url,
+           "-u", str(users), "-r", f"{rate:.3f}", "-t", f"{a.step_timeout}s", "--host", url,
            "--model", "fake", "--prompt-tokens", "16", "--output-tokens", str(a.tokens),
-           "--warmup-requests", str(users), "--measure-requests", str(requests),
+           "--warmup-requests", str(2 * users), "--measure-requests", str(requests),
            "--records", records, "--stop-timeout", "5"]
     t0 = time.time()
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=a.step_timeout + 120)
+    fake_proc = psutil.Process(fake_pid)
+    fake_proc.cpu_percent(None)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stop = threading.Event()
+    probe: list[float] = []
+    # The probe starts once Locust is up and its users are past warm-up (a few seconds).
+    thread = threading.Thread(target=lambda: (stop.wait(3.0 + users / 50),
+                                              probe.extend(reference_errors(
+                                                  url, 100_000, a.ttft_ms, a.tokens, stop))),
+                              daemon=True)
+    thread.start()
+    try:
+        rc = proc.wait(a.step_timeout + 120)
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+        thread.join(30)
+    fake_cpu = fake_proc.cpu_percent(None)  # mean over the step, % of one core
     recs = [r for r in read_records(records) if r.phase == "measure"]
     ok = [r for r in recs if r.ok]
     err = summarize((r.ttft_s or 0) - a.ttft_ms / 1000 for r in ok)
     with open(summary_path(records)) as f:
         gen = json.load(f)["generator"]
     return {
-        "users": users, "locust_exit_code": res.returncode, "measured": len(recs),
+        "mode": mode, "users": users, "spawn_rate": rate, "locust_exit_code": rc,
+        "measured": len(recs), "fake_upstream_cpu_pct": fake_cpu,
+        "probe_error_ms": summarize(e * 1000 for e in probe).to_dict(),
         "ok": len(ok), "wall_s": round(time.time() - t0, 1),
         "error_ms": {k: (v * 1000 if isinstance(v, float) else v)
                      for k, v in err.to_dict().items() if k not in ("count", "p99_reliable")},
@@ -103,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--itl-ms", type=float, default=10.0)
     p.add_argument("--tokens", type=int, default=64, help="content tokens per stream")
     p.add_argument("--reference-requests", type=int, default=50)
+    p.add_argument("--mode", default="both", choices=("staggered", "lockstep", "both"),
+                   help="how users start (see spawn_rate); default both")
     p.add_argument("--step-timeout", type=int, default=300)
     p.add_argument("--out", default="runs/accuracy")
     p.add_argument("--json", default=None, help="write the results here too")
@@ -114,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ref = summarize(e * 1000 for e in reference_errors(url, a.reference_requests,
                                                             a.ttft_ms, a.tokens))
-        rows = [run_users(url, u, reqs[min(i, len(reqs) - 1)], a.out, a)
-                for i, u in enumerate(users)]
+        modes = ("staggered", "lockstep") if a.mode == "both" else (a.mode,)
+        rows = [run_users(url, u, reqs[min(i, len(reqs) - 1)], a.out, a, mode, fake.pid)
+                for mode in modes for i, u in enumerate(users)]
     finally:
         fake.terminate()
         fake.wait(10)
@@ -131,12 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w") as f:
             f.write(text)
     print(f"reference raw-socket client: error {ref.fmt('ms', 1.0)}")
-    print("| users | n | error p50 ms | error p99 ms | abs p99 ms | gen CPU p90 % | loop lag p99 "
-          "ms | saturated |")
+    print("| start | users | n | error p50 ms | error p99 ms | abs p99 ms | probe p50/p99 ms (n) "
+          "| fake CPU % | gen CPU p90 % | loop lag p99 ms | saturated |")
     for r in rows:
-        e = r["error_ms"]
-        print(f"| {r['users']} | {r['error_count']} | {e['p50']:.2f} | {e['p99']:.2f} | "
-              f"{r['abs_error_p99_ms']:.2f} | {r['generator_cpu_p90_pct']:.0f} | "
+        e, pr = r["error_ms"], r["probe_error_ms"]
+        print(f"| {r['mode']} | {r['users']} | {r['error_count']} | {e['p50']:.2f} | "
+              f"{e['p99']:.2f} | {r['abs_error_p99_ms']:.2f} | "
+              f"{pr['p50']:.2f}/{pr['p99']:.2f} ({pr['count']}) | "
+              f"{r['fake_upstream_cpu_pct']:.0f} | {r['generator_cpu_p90_pct']:.0f} | "
               f"{r['loop_lag_p99_ms']:.1f} | {r['generator_saturated']} "
               f"{'; '.join(r['generator_reasons'])} |")
     return 0

@@ -8,6 +8,7 @@ closed-loop test hides (coordinated omission).
 """
 from __future__ import annotations
 
+import gc
 import random
 import time
 from collections import deque
@@ -61,20 +62,22 @@ class MonitorSamples:
     cpu_pct: list[float] = field(default_factory=list)
     lag_ms: list[float] = field(default_factory=list)
     wakeup_late_ms: list[float] = field(default_factory=list)  # open loop: slot in future, late
+    gc_pause_ms: list[float] = field(default_factory=list)     # collections of >= 1 ms
 
     def extend(self, other: "MonitorSamples") -> None:
         self.cpu_pct += other.cpu_pct
         self.lag_ms += other.lag_ms
         self.wakeup_late_ms += other.wakeup_late_ms
+        self.gc_pause_ms += other.gc_pause_ms
 
     def to_dict(self) -> dict:
         return {"cpu_pct": self.cpu_pct, "lag_ms": self.lag_ms,
-                "wakeup_late_ms": self.wakeup_late_ms}
+                "wakeup_late_ms": self.wakeup_late_ms, "gc_pause_ms": self.gc_pause_ms}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MonitorSamples":
         return cls(list(d.get("cpu_pct", [])), list(d.get("lag_ms", [])),
-                   list(d.get("wakeup_late_ms", [])))
+                   list(d.get("wakeup_late_ms", [])), list(d.get("gc_pause_ms", [])))
 
 
 class GeneratorMonitor:
@@ -84,6 +87,8 @@ class GeneratorMonitor:
         self._cpu: deque[float] = deque(maxlen=max_samples)
         self._lag: deque[float] = deque(maxlen=max_samples)
         self._late: deque[float] = deque(maxlen=max_samples)
+        self._gc: deque[float] = deque(maxlen=max_samples)
+        self._gc_t0: float | None = None
         self._greenlets: list = []
 
     def start(self) -> None:
@@ -104,21 +109,33 @@ class GeneratorMonitor:
                 self._lag.append(max(0.0, (time.perf_counter() - t - 0.1) * 1000))
 
         self._greenlets = [gevent.spawn(cpu_loop), gevent.spawn(lag_loop)]
+        gc.callbacks.append(self._gc_callback)
+
+    def _gc_callback(self, phase: str, info: dict) -> None:
+        """Every garbage collection stalls all greenlets; keep the long ones as evidence."""
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif self._gc_t0 is not None:
+            pause_ms = (time.perf_counter() - self._gc_t0) * 1000
+            self._gc_t0 = None
+            if pause_ms >= 1.0:
+                self._gc.append(pause_ms)
 
     def stop(self) -> None:
         for g in self._greenlets:
             g.kill(block=False)
         self._greenlets = []
+        if self._gc_callback in gc.callbacks:
+            gc.callbacks.remove(self._gc_callback)
 
     def note_wakeup_late(self, late_s: float) -> None:
         self._late.append(late_s * 1000)
 
     def drain(self) -> MonitorSamples:
         """Samples since the last drain (workers ship them to the master in batches)."""
-        out = MonitorSamples(list(self._cpu), list(self._lag), list(self._late))
-        self._cpu.clear()
-        self._lag.clear()
-        self._late.clear()
+        out = MonitorSamples(list(self._cpu), list(self._lag), list(self._late), list(self._gc))
+        for q in (self._cpu, self._lag, self._late, self._gc):
+            q.clear()
         return out
 
 
@@ -152,5 +169,6 @@ def verdict(samples: MonitorSamples, arrival: str, intended_rate: float,
                            "saturated)")
     return {"saturated": bool(reasons), "reasons": reasons, "timing_noise": noise,
             "cpu_pct": cpu.to_dict(), "loop_lag_ms": lag.to_dict(),
-            "wakeup_late_ms": late.to_dict(), "intended_rate": intended_rate or None,
+            "wakeup_late_ms": late.to_dict(), "gc_pauses_ms": summarize(samples.gc_pause_ms).to_dict(),
+            "intended_rate": intended_rate or None,
             "achieved_rate": achieved}

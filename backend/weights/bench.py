@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python "
                    f"{platform.python_version()}",
-        "load_average": os.getloadavg(),
+        "load_average": os.getloadavg(),  # at the start of the run
         "loads": bench_loads(args.model, args.warm_runs, args.with_transformers),
         "tokenizer": bench_tokenizer(args.model, args.repeats),
     }

@@ -2,7 +2,8 @@
 row permutation, read config and tokenizer from the metadata; cache the result.
 
 Tensor types: anything `gguf.quants.dequantize` handles (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1, the K-quants, ...); F32/F16/BF16 keep their dtype, quantised ones become float32.
+Q5_0, Q5_1, the K-quants, ...); F32/F16/BF16 keep their dtype, quantised ones become float32
+(float16 for models over FLOAT32_MAX_PARAMS).
 """
 
 from __future__ import annotations
@@ -95,8 +96,10 @@ def convert_gguf(path: Path) -> tuple[ModelConfig, Tokenizer, WeightIterator]:
                       None)
     config = config_from_gguf(meta, tensor_names, rope_freqs)
     tokenizer = tokenizer_from_gguf(meta)
-    # Map every name now, so an unexpected tensor fails the load, not the model's init.
+    # Map every name and probe every type now, so a file we cannot read fails the load with a
+    # clear message, not the model's init halfway through the tensors.
     named = [(t, hf_tensor_name(t.name)) for t in reader.tensors if t.name not in _SKIPPED]
+    _check_types(reader.tensors)
     n_params = sum(int(t.n_elements) for t in reader.tensors)
     quant_dtype = torch.float32 if n_params <= FLOAT32_MAX_PARAMS else torch.float16
     if quant_dtype != torch.float32 and config.torch_dtype == "float32":
@@ -113,6 +116,16 @@ def convert_gguf(path: Path) -> tuple[ModelConfig, Tokenizer, WeightIterator]:
             yield hf_name, _to_torch(array, _KEPT_DTYPES.get(t.tensor_type, quant_dtype))
 
     return config, tokenizer, tensors
+
+
+def _check_types(tensors: list[Any]) -> None:
+    probes = {t.tensor_type: t for t in tensors if t.tensor_type not in _KEPT_DTYPES}
+    for qtype, t in probes.items():
+        try:
+            dequantize(np.asarray(t.data).reshape(-1, t.data.shape[-1])[:1], qtype)
+        except (NotImplementedError, KeyError, ValueError) as exc:
+            raise ModelLoadError(f"{t.name}: GGUF tensor type {qtype.name} cannot be "
+                                 f"dequantised by the gguf package ({exc})") from exc
 
 
 def hf_tensor_name(gguf_name: str) -> str:

@@ -10,12 +10,15 @@ under llama.cpp's key names. Two models are supported:
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from backend.tokenizer import Tokenizer, TokenizerMeta, byte_alphabet
+
+log = logging.getLogger(__name__)
 
 # llama.cpp token types (gguf.TokenType)
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -26,6 +29,11 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+# Mistral Nemo's "tekken" (a llama-arch model).
+_TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 # tokenizer.ggml.pre -> (split regexes applied in order). Unknown values fall back to GPT-2's.
 _PRE_SPLITS: dict[str, tuple[str, ...]] = {
     "default": (_GPT2_SPLIT,), "gpt2": (_GPT2_SPLIT,),
@@ -33,7 +41,7 @@ _PRE_SPLITS: dict[str, tuple[str, ...]] = {
     "smollm": (r"\p{N}", _GPT2_SPLIT), "starcoder": (r"\p{N}", _GPT2_SPLIT),
     "llama3": (_LLAMA3_SPLIT,), "llama-v3": (_LLAMA3_SPLIT,), "llama-bpe": (_LLAMA3_SPLIT,),
     "smaug-bpe": (_LLAMA3_SPLIT,), "falcon3": (_LLAMA3_SPLIT,),
-    "qwen2": (_QWEN2_SPLIT,), "deepseek-r1-qwen": (_QWEN2_SPLIT,),
+    "qwen2": (_QWEN2_SPLIT,), "deepseek-r1-qwen": (_QWEN2_SPLIT,), "tekken": (_TEKKEN_SPLIT,),
 }
 
 
@@ -90,7 +98,11 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str) -> HFTokeniz
         vocab.setdefault(token, index)
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     backend = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
-    splits = _PRE_SPLITS.get(pre, (_GPT2_SPLIT,))
+    splits = _PRE_SPLITS.get(pre)
+    if splits is None:
+        log.warning("GGUF tokenizer.ggml.pre=%r is not known here; splitting text like GPT-2, "
+                    "which may tokenize some text differently from llama.cpp", pre)
+        splits = (_GPT2_SPLIT,)
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])

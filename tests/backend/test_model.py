@@ -15,7 +15,8 @@ GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 
 
 def _engine(source, **kw) -> LLMEngine:
-    return LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, max_model_len=512, **kw), source)
+    return LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, max_model_len=512, dtype="float32",
+                                  **kw), source)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "llama3"])
@@ -74,3 +75,17 @@ def test_smollm2_matches_transformers_from_same_gguf(smollm2_source) -> None:
     ours = engine.generate([prompt], GREEDY)[0]
     assert ours == hf_greedy(hf, prompt, 32)
     assert "Paris" in tok.decode(ours)
+
+
+def test_smollm2_bfloat16_stays_close_to_float32(smollm2_source) -> None:
+    """The CPU default on bf16-capable CPUs: same answer, logits near the fp32 ones."""
+    tok = smollm2_source.tokenizer
+    prompt = tok.encode(tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}]))
+    fp32 = _engine(smollm2_source)
+    bf16 = LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, max_model_len=512,
+                                  dtype="bfloat16"), smollm2_source)
+    a, b = fp32.score(prompt), bf16.score(prompt)
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    assert "Paris" in tok.decode(bf16.generate([prompt], params)[0])

@@ -194,3 +194,20 @@ async def test_upstream_4xx_relayed_and_401_becomes_502(gw: Gateway):
                                       "fake": {"fault": "401"}})
     assert status == 502 and _err(raw)["code"] == "upstream_auth_failed"
     assert gw.fake.stats.requests == 2  # bad upstream credentials are not retried
+
+
+async def test_least_in_flight_wins(make_gateway, fake):
+    gw = await make_gateway(models={"two": [{"provider": "fake", "model": "x"},
+                                            {"provider": "fake", "model": "y"}]})
+    client = gw.client()
+    slow = await client.chat.completions.create(
+        model="two", messages=MSG, stream=True,
+        extra_body={"fake": {"ttft_ms": 0, "itl_ms": 100, "tokens": 20}})
+    first = await slow.__anext__()  # the slow stream is now in flight on one deployment
+    busy = gw.fake.last("/chat/completions").body["model"]
+    for _ in range(3):
+        await client.chat.completions.create(model="two", messages=MSG,
+                                             extra_body={"fake": {"ttft_ms": 0}})
+    others = [rec.body["model"] for rec in list(gw.fake.received)[-3:]]
+    assert first is not None and others == [{"x": "y", "y": "x"}[busy]] * 3
+    await slow.close()

@@ -152,3 +152,16 @@ async def test_models_health_ready(gw: Gateway):
             ready = await r.json()
     assert ready["providers"]["nokey"]["api_key"] == "missing GW_UNSET_KEY"
     assert ready["providers"]["fake"]["api_key"] == "set"
+
+
+async def test_csv_request_log(make_gateway, tmp_path):
+    gw = await make_gateway(request_log_csv=str(tmp_path / "runs" / "requests.csv"))
+    await gw.client().chat.completions.create(model="fast", messages=MSG)
+    await gw.client().completions.create(model="fast", prompt="x", stream=True)
+    await gw.wait_rows(2)
+    import csv
+    with open(tmp_path / "runs" / "requests.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["endpoint"] for r in rows] == ["/v1/chat/completions", "/v1/completions"]
+    assert rows[1]["stream"] == "True" and float(rows[1]["ttft_s"]) > 0
+    assert rows[0]["request_id"] == gw.log_rows()[0]["request_id"]

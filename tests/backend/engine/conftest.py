@@ -25,7 +25,7 @@ def make_engine(tiny_source):
     engines: list[LLMEngine] = []
 
     def make(source=None, **overrides) -> LLMEngine:
-        fields = dict(kv_cache_memory_gib=0.005, max_model_len=512)
+        fields = dict(kv_cache_memory_gib=0.005, max_model_len=512, dtype="float32")
         fields.update(overrides)
         engine = LLMEngine(EngineConfig(**fields), source or tiny_source)
         engines.append(engine)

@@ -11,7 +11,7 @@ from backend.engine.config import EngineConfig
 from backend.engine.errors import EngineNotRunning, RequestRejected
 from backend.engine.sampling import SamplingParams
 
-CFG = EngineConfig(kv_cache_memory_gib=0.005, max_model_len=128)
+CFG = EngineConfig(kv_cache_memory_gib=0.005, max_model_len=128, dtype="float32")
 LONG = SamplingParams(max_tokens=90, temperature=0.0, ignore_eos=True)
 
 
@@ -109,7 +109,8 @@ async def test_check_request_rejects_with_lengths(engine) -> None:
 
 
 async def test_request_that_can_never_fit_the_cache(tiny_source) -> None:
-    eng = AsyncEngine(EngineConfig(kv_cache_memory_gib=4 * 8192 / 2**30, max_model_len=256),
+    eng = AsyncEngine(EngineConfig(kv_cache_memory_gib=4 * 8192 / 2**30, max_model_len=256,
+                                   dtype="float32"),
                       tiny_source)
     with pytest.raises(EngineNotRunning):
         eng.check_request(10, SamplingParams())

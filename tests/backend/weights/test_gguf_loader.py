@@ -269,3 +269,14 @@ def test_concurrent_first_starts_share_one_cache_entry(tmp_path, cache_dir):
     assert outs[0][0] == outs[1][0] and int(outs[0][0]) > 0
     entries = list((cache_dir / "converted").iterdir())
     assert entries == [cache.entry_dir(path)] and cache.lookup(path) is not None
+
+
+def test_undequantisable_type_fails_at_load(tmp_path, cache_dir, monkeypatch):
+    path = write_llama_gguf(tmp_path / "q.gguf", random_hf_tensors(seed=9), Q.Q4_0)
+
+    def refuse(data, qtype):
+        raise NotImplementedError(f"no {qtype.name}")
+
+    monkeypatch.setattr(gguf_loader, "dequantize", refuse)
+    with pytest.raises(ValueError, match="type Q4_0 cannot be dequantised"):
+        load_gguf(path)
