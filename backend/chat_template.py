@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 import jinja2
@@ -40,14 +39,47 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-@lru_cache(maxsize=16)
+class _SafeNamespace(jinja2.utils.Namespace):
+    """`namespace()` for templates, refusing underscore names: a template could otherwise
+    store attributes that reach Python internals."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # same trick as jinja's Namespace
+        self, rest = args[0], args[1:]
+        attrs = dict(*rest, **kwargs)
+        for name in attrs:
+            _SafeNamespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _SafeNamespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: object) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"chat templates may not set underscore attributes on a namespace: {name!r}")
+
+
+class _SafeDict:
+    """`dict(...)` for templates without exposing the dict type itself."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any) -> dict:
+        return dict.fromkeys(*args)
+
+
 def compile_template(source: str) -> jinja2.Template:
-    """Compile once per distinct template text (the cache is keyed by the text)."""
+    """Compile a template (callers keep the result: Tokenizer compiles its own once)."""
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["namespace"] = _SafeNamespace
+    env.globals["dict"] = _SafeDict()
     try:
         return env.from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as exc:
@@ -80,11 +112,11 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-def render_chat_template(source: str | None, messages: list[dict], *,
+def render_chat_template(source: str | jinja2.Template | None, messages: list[dict], *,
                          add_generation_prompt: bool = True,
                          special_tokens: dict[str, str | None] | None = None,
                          **extra: Any) -> str:
-    """Render `messages` with the template text `source`.
+    """Render `messages` with a template (its text, or compiled by compile_template).
 
     `special_tokens` (bos_token, eos_token, unk_token, pad_token) are passed as template
     variables like transformers does; `extra` (e.g. tools) too.
@@ -92,7 +124,7 @@ def render_chat_template(source: str | None, messages: list[dict], *,
     if not source:
         raise ChatTemplateMissing(
             "this model has no chat template; use /v1/completions with a raw prompt instead")
-    template = compile_template(source)
+    template = compile_template(source) if isinstance(source, str) else source
     # transformers always defines `tools` and `documents` (None when absent); some templates
     # test `is defined`, so do the same.
     variables: dict[str, Any] = {"tools": None, "documents": None}
@@ -103,3 +135,8 @@ def render_chat_template(source: str | None, messages: list[dict], *,
                                add_generation_prompt=add_generation_prompt, **variables)
     except jinja2.exceptions.TemplateError as exc:
         raise ChatTemplateError(f"chat template error: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - the template is arbitrary code run on user data
+        # e.g. `'...' + message['content']` with content null: a bad request, not a crash.
+        raise ChatTemplateError(
+            f"the chat template cannot render these messages: {type(exc).__name__}: {exc}"
+        ) from exc

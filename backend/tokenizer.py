@@ -10,13 +10,19 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenizers import Tokenizer as HFTokenizer
+import jinja2
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 
-from backend.chat_template import ChatTemplateMissing, render_chat_template
+from backend.chat_template import (
+    ChatTemplateError,
+    ChatTemplateMissing,
+    compile_template,
+    render_chat_template,
+)
 
-__all__ = ["Tokenizer", "IncrementalDetokenizer", "ChatTemplateMissing", "TokenizerMeta",
-           "byte_level_tokenizer", "CHATML_TEMPLATE"]
+__all__ = ["Tokenizer", "IncrementalDetokenizer", "ChatTemplateMissing", "ChatTemplateError",
+           "TokenizerMeta", "byte_level_tokenizer", "CHATML_TEMPLATE"]
 
 _REPLACEMENT = "\ufffd"
 
@@ -109,6 +115,14 @@ class Tokenizer:
         self.add_bos_token: bool = meta.add_bos_token
         self.chat_template: str | None = meta.chat_template
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        # Compiled once here; a template that does not compile fails each chat request with
+        # its message (completions still work), rather than the whole model load.
+        self._template: jinja2.Template | ChatTemplateError | None = None
+        if meta.chat_template:
+            try:
+                self._template = compile_template(meta.chat_template)
+            except ChatTemplateError as exc:
+                self._template = exc
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special tokens written in the text (e.g. from a chat template)
@@ -121,7 +135,9 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             **extra: object) -> str:
         """The prompt text for `messages`; raises ChatTemplateMissing when the model has none."""
-        return render_chat_template(self.chat_template, messages,
+        if isinstance(self._template, ChatTemplateError):
+            raise self._template
+        return render_chat_template(self._template, messages,
                                     add_generation_prompt=add_generation_prompt,
                                     special_tokens=self.meta.special_tokens, **extra)
 

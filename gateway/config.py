@@ -75,6 +75,11 @@ class MetricsConfig:
     bearer_env: str | None = None      # /metrics needs "Authorization: Bearer <value>"
     bearer_sha256: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.bearer_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}",
+                                                               self.bearer_sha256):
+            raise ConfigError("metrics.bearer_sha256: not a 64-digit hex sha256 digest")
+
 
 @dataclass(frozen=True)
 class RetryConfig:

@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from yarl import URL
+
 from gateway.config import GatewayConfig, ProviderConfig
 from gateway.errors import NotFound
 
@@ -19,10 +21,14 @@ class Provider:
     api_key: str | None = field(repr=False)   # from env only; never logged (repr=False)
     missing_env: str | None                   # set when api_key_env names an unset variable
     root: str                                 # base_url without a trailing "/v1" or "/"
+    _urls: dict[str, URL] = field(default_factory=dict, repr=False, compare=False)
 
-    def url(self, endpoint: str) -> str:
-        """``endpoint`` is the OpenAI path, e.g. ``/v1/chat/completions``."""
-        return self.root + endpoint
+    def url(self, endpoint: str) -> URL:
+        """``endpoint`` is the OpenAI path, e.g. ``/v1/chat/completions``; parsed once."""
+        url = self._urls.get(endpoint)
+        if url is None:
+            url = self._urls[endpoint] = URL(self.root + endpoint)
+        return url
 
 
 def provider_root(base_url: str) -> str:

@@ -6,6 +6,7 @@ benchmarks can drive it directly (``generate``).
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -20,6 +21,8 @@ from backend.engine.outputs import EngineStats, RequestOutput, RequestTimings, S
 from backend.engine.sampling import SamplingParams
 from backend.engine.scheduler import ScheduledBatch, Scheduler
 from backend.engine.sequence import Sequence, SeqStatus
+
+log = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -108,9 +111,12 @@ class LLMEngine:
             self.block_manager.register_computed(seq)
         outputs = [self._append(seq, tok) for seq, tok in zip(sampled, tokens)]
         if self.step_observer is not None:
-            self.step_observer(StepStats(batch.num_seqs, batch.num_prefill_tokens,
-                                         len(batch.decodes),
-                                         (time.perf_counter_ns() - t0) / 1e9))
+            stats = StepStats(batch.num_seqs, batch.num_prefill_tokens, len(batch.decodes),
+                              (time.perf_counter_ns() - t0) / 1e9)
+            try:
+                self.step_observer(stats)
+            except Exception:  # noqa: BLE001 - a metrics bug must not fail the requests
+                log.exception("step observer failed")
         return outputs
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:

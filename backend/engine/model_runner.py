@@ -105,6 +105,13 @@ class ModelRunner:
                  blocks * per_block / 2**30)
         return blocks
 
+    def tensor(self, data: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
+        """Host list -> device tensor; on CUDA through pinned memory, without a sync."""
+        t = torch.tensor(data, dtype=dtype)
+        if self.device.type == "cpu":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     def slot(self, seq: Sequence, pos: int) -> int:
         return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
 
@@ -144,17 +151,14 @@ class ModelRunner:
             if start + n == len(seq):
                 rows.append(q_start + n - 1)
         dev = self.device
-        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-                                 num_decode=len(batch.decodes))
+        meta = AttentionMetadata(slot_mapping=self.tensor(slots), num_decode=len(batch.decodes))
         if batch.decodes:
             meta.decode_ctx_idx, meta.decode_mask = self.decode_context(batch.decodes)
         for seq, start, n, q_start in chunks_meta:
             meta.prefills.append(PrefillChunk(
                 q_start, n, self.context_slots(seq, start + n),
                 causal_chunk_mask(start, n, self.group, dev, self.dtype)))
-        return (torch.tensor(ids, dtype=torch.long, device=dev),
-                torch.tensor(pos, dtype=torch.long, device=dev), self.attn, meta,
-                torch.tensor(rows, dtype=torch.long, device=dev))
+        return (self.tensor(ids), self.tensor(pos), self.attn, meta, self.tensor(rows))
 
     def decode_context(self, seqs: list[Sequence], width: int | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -166,12 +170,12 @@ class ModelRunner:
         C = width * bs if width else max(lens)
         nb = -(-C // bs)
         table = [s.block_table[:nb] + [0] * (nb - len(s.block_table[:nb])) for s in seqs]
-        bt = torch.tensor(table, dtype=torch.long, device=dev)  # [D, nb]
+        bt = self.tensor(table)  # [D, nb]
         idx = (bt.unsqueeze(-1) * bs + torch.arange(bs, device=dev)).view(len(seqs), -1)
         idx = idx[:, :C]
         if width is None and min(lens) == C:
             return idx, None
-        ctx = torch.tensor(lens, dtype=torch.long, device=dev)
+        ctx = self.tensor(lens)
         blocked = torch.arange(C, device=dev).unsqueeze(0) >= ctx.unsqueeze(1)  # [D, C]
         mask = torch.zeros(len(seqs), C, dtype=self.dtype, device=dev)
         return idx, mask.masked_fill_(blocked, -torch.inf).view(len(seqs), 1, 1, C)
@@ -179,6 +183,5 @@ class ModelRunner:
     def context_slots(self, seq: Sequence, ctx_len: int) -> torch.Tensor:
         """[ctx_len] slot indices of positions 0..ctx_len-1 of seq."""
         bs = self.block_size
-        bt = torch.tensor(seq.block_table[: -(-ctx_len // bs)], dtype=torch.long,
-                          device=self.device)
+        bt = self.tensor(seq.block_table[: -(-ctx_len // bs)])
         return (bt.unsqueeze(-1) * bs + torch.arange(bs, device=self.device)).view(-1)[:ctx_len]

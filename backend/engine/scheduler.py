@@ -38,7 +38,9 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
                  max_num_batched_tokens: int, static: bool) -> None:
         self.bm = block_manager
-        self.max_num_seqs = max_num_seqs
+        # Never more running sequences than tokens in a step: every running decode then
+        # gets its token each step (none starves behind the budget).
+        self.max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
         self.max_tokens = max_num_batched_tokens
         self.static = static
         self.waiting: deque[Sequence] = deque()

@@ -83,8 +83,8 @@ def test_base_url_with_or_without_v1():
     cfg = build_config({**MIN, "providers": {"p": {"base_url": "https://taotoken.net/api",
                                                    "passthrough": True}}}, env={})
     r = Router(cfg, env={})
-    assert r.resolve("p/any-model").deployments[0].provider.url("/v1/chat/completions") == \
-        "https://taotoken.net/api/v1/chat/completions"
+    assert str(r.resolve("p/any-model").deployments[0].provider.url("/v1/chat/completions")) \
+        == "https://taotoken.net/api/v1/chat/completions"
     assert r.resolve("p/any-model").label == "p/*"
 
 

@@ -153,3 +153,14 @@ def test_stats_count_tokens(make_engine) -> None:
     assert s.kv_blocks_used == 0 and s.running == 0 and s.waiting == 0
     assert s.attention_kernel.startswith("cpu_")
     assert torch.get_num_threads() >= 1
+
+
+def test_small_token_budget_never_starves_decodes(make_engine) -> None:
+    """max_num_batched_tokens below max_num_seqs: at most budget sequences run, and each
+    running sequence decodes every step."""
+    engine = make_engine(max_num_batched_tokens=4, max_num_seqs=64)
+    steps = []
+    engine.step_observer = steps.append
+    prompts = _prompts(6, seed=9)
+    assert engine.generate(prompts, GREEDY) == _alone(make_engine, prompts)
+    assert max(s.batch_size for s in steps) <= 4

@@ -184,25 +184,29 @@ async def test_metrics_move_with_the_real_engine(tiny):
 
 
 async def test_full_kv_cache_makes_requests_wait():
-    # 8 blocks of 16 tokens: each request below needs ~6, so the second one must wait (or be
-    # preempted and recomputed) — never fail.
-    server = real_server("synthetic:tiny", max_model_len=512,
-                         kv_cache_memory_gib=8 * 8192 / 2**30)
+    # A KV pool of a few blocks: each request below needs 3/4 of it, so they cannot all run
+    # at once; the others must wait (or be preempted and recomputed) — never fail.
+    server = real_server("synthetic:tiny", max_model_len=1024,
+                         kv_cache_memory_gib=4 * 8192 / 2**30)
     try:
-        assert server.engine_stats().kv_blocks_total == 8
+        blocks = server.engine_stats().kv_blocks_total
+        assert 4 <= blocks <= 32
+        capacity = blocks * 16
+        max_tokens = capacity * 3 // 4 - 20
         client = _async_client(server)
-        reqs = [client.completions.create(model="synthetic:tiny", prompt=f"{i} " * 20,
-                                          max_tokens=60, extra_body={"ignore_eos": True})
+        reqs = [client.completions.create(model="synthetic:tiny", prompt=[65 + i] * 20,
+                                          max_tokens=max_tokens,
+                                          extra_body={"ignore_eos": True})
                 for i in range(3)]
         results = await asyncio.wait_for(asyncio.gather(*reqs), 120)
-        assert [r.usage.completion_tokens for r in results] == [60, 60, 60]
+        assert [r.usage.completion_tokens for r in results] == [max_tokens] * 3
         queued = sorted(r.model_extra["firsttoken_timings"]["queue_s"] for r in results)
-        print("queue_s", queued, "preemptions", server.engine_stats().preemptions_total)
         # Some request was held back: it queued behind a whole other one, or was preempted.
         e2e = min(r.model_extra["firsttoken_timings"]["e2e_s"] for r in results)
         assert queued[-1] > 0.5 * e2e or server.engine_stats().preemptions_total > 0
         with pytest.raises(openai.BadRequestError) as err:
-            await client.completions.create(model="synthetic:tiny", prompt="x", max_tokens=200)
+            await client.completions.create(model="synthetic:tiny", prompt="x",
+                                            max_tokens=capacity)
         assert "blocks" in err.value.message
         assert (await _wait_idle(server)).kv_blocks_used == 0
     finally:
