@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -16,6 +17,7 @@ log = logging.getLogger("gateway")
 async def serve(config: GatewayConfig, host: str, port: int) -> None:
     """Run until SIGTERM/SIGINT, then stop accepting and let streams finish (grace period)."""
     runner, url = await start_server(create_app(config), host, port)
+    _tune_gc()
     print(f"listening {url}", flush=True)
     log.info("gateway listening on %s with %d model aliases", url, len(config.models))
     stop = asyncio.Event()
@@ -26,6 +28,15 @@ async def serve(config: GatewayConfig, host: str, port: int) -> None:
     log.info("shutting down: no new connections; waiting up to %.0fs for open requests",
              config.shutdown_grace_seconds)
     await runner.cleanup()
+
+
+def _tune_gc() -> None:
+    """Fewer, cheaper collections: each relayed event allocates a few short-lived objects,
+    and with the default threshold (700) gen-0 passes run thousands of times a second and
+    land on requests' TTFT. Objects alive after start-up are frozen out of every pass."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
 
 
 def _raise_fd_limit() -> None:

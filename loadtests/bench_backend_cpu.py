@@ -7,7 +7,9 @@ Three figures for the same model, prompts and token counts, in one run:
   * aggregate tok/s with C concurrent requests (default 8) = all generated tokens / wall time
     from the first request sent to the last token received; transformers runs the same 8
     prompts as one left-padded batched ``generate``.
-Output lengths are forced (backend: ignore_eos; transformers: min_new_tokens).
+Output lengths are forced (backend: ignore_eos; transformers: min_new_tokens). The two sides
+alternate repetition by repetition (the idle side uses no CPU), so load from other work on the
+machine hits both alike. Medians are reported next to every raw sample in the JSON.
 
     flock /tmp/ft-heavy.lock .venv/bin/python -m loadtests.bench_backend_cpu \
         --out docs/benchmarks/backend-cpu.json
@@ -25,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -64,8 +67,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+def start_backend(args: argparse.Namespace) -> tuple[subprocess.Popen, str, list[str]]:
+    """``python -m backend`` on a free loopback port; returns once /health answers."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "backend", "--model", args.model, "--port", str(port),
+           "--log-level", "WARNING", *args.backend_args.split()]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"backend exited with {proc.returncode}")
+        try:
+            _get(f"{base}/health")
+            return proc, base, cmd
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError("backend did not become healthy in 900 s")
+
+
 async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
-    """One streamed completion: send time, content-chunk times, usage."""
+    """One streamed completion: send time, content-chunk times, usage, server timings."""
     t0 = time.perf_counter()
     stamps, usage, server = [], None, None
     async with session.post(url, json=body) as resp:
@@ -75,8 +102,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
+            usage = chunk.get("usage") or usage
             server = chunk.get("firsttoken_timings") or server
             if any(c.get("text") for c in chunk.get("choices", [])):
                 stamps.append(time.perf_counter())
@@ -89,85 +115,30 @@ def _body(model: str, prompt: list[int], max_tokens: int) -> dict:
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
-async def _backend_runs(base: str, model: str, prompts: dict, args: argparse.Namespace) -> dict:
-    url = f"{base}/v1/completions"
-    timeout = aiohttp.ClientTimeout(total=1800)
-    async with aiohttp.ClientSession(timeout=timeout) as s:
-        await _stream(s, url, _body(model, prompts["long"][-1], 4))  # warm-up
-        await _stream(s, url, _body(model, prompts["chat"][-1], 8))
-        ttft, server_ttft = [], []
-        for prompt in prompts["long"][:-1]:
-            r = await _stream(s, url, _body(model, prompt, 1))
-            ttft.append(r["stamps"][0] - r["t0"])
-            server_ttft.append(r["server"])  # the backend's own split of the same request
-        decode = []
-        for prompt in prompts["chat"][:args.reps]:
-            r = await _stream(s, url, _body(model, prompt, args.decode_tokens))
-            decode.append((r["completion_tokens"] - 1) / (r["stamps"][-1] - r["stamps"][0]))
-        batch = []
-        for _ in range(args.reps):
-            t0 = time.perf_counter()
-            rs = await asyncio.gather(*(_stream(s, url, _body(model, p, args.decode_tokens))
-                                        for p in prompts["chat"][:args.concurrency]))
-            wall = max(r["stamps"][-1] for r in rs) - t0
-            batch.append(sum(r["completion_tokens"] for r in rs) / wall)
-    return {"ttft_s": ttft, "decode_tok_s": decode, "aggregate_tok_s": batch,
-            "server_timings_of_ttft_requests": server_ttft}
+class BackendSide:
+    """Client-side measurements against the running backend (streamed completions)."""
 
+    def __init__(self, session: aiohttp.ClientSession, base: str, model: str) -> None:
+        self.session, self.url, self.model = session, f"{base}/v1/completions", model
+        self.server_ttft: list[dict] = []
 
-def run_backend(prompts: dict, args: argparse.Namespace) -> dict:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "backend", "--model", args.model, "--port", str(port),
-           "--log-level", "WARNING", *args.backend_args.split()]
-    proc = subprocess.Popen(cmd)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_health(base, proc, timeout=900)
-        health = json.loads(_get(f"{base}/health"))
-        model = json.loads(_get(f"{base}/v1/models"))["data"][0]["id"]
-        load_before = _load()
-        out = asyncio.run(_backend_runs(base, model, prompts, args))
-        out.update(command=" ".join(cmd[1:]), attention_kernel=health["attention_kernel"],
-                   load_before=load_before, load_after=_load())
-        return out
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    async def ttft(self, prompt: list[int]) -> float:
+        r = await _stream(self.session, self.url, _body(self.model, prompt, 1))
+        self.server_ttft.append(r["server"])  # the backend's own split of the same request
+        return r["stamps"][0] - r["t0"]
 
+    async def decode(self, prompt: list[int], n: int) -> float:
+        r = await _stream(self.session, self.url, _body(self.model, prompt, n))
+        return (r["completion_tokens"] - 1) / (r["stamps"][-1] - r["stamps"][0])
 
-def _get(url: str) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.read().decode()
-
-
-def _wait_health(base: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"backend exited with {proc.returncode}")
-        try:
-            _get(f"{base}/health")
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError("backend did not become healthy")
+    async def aggregate(self, prompts: list[list[int]], n: int) -> float:
+        t0 = time.perf_counter()
+        rs = await asyncio.gather(*(_stream(self.session, self.url, _body(self.model, p, n))
+                                    for p in prompts))
+        return sum(r["completion_tokens"] for r in rs) / (max(r["stamps"][-1] for r in rs) - t0)
 
 
 # --- transformers --------------------------------------------------------------------------
-def _hf_model(args: argparse.Namespace) -> object:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from backend.weights.embedded import find_or_fetch
-
-    gguf = Path(find_or_fetch())
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                 dtype=torch.float32)
-    return model.eval()
-
-
 class _Stamps:
     """A transformers streamer that timestamps every generate step (prompt first)."""
 
@@ -181,54 +152,92 @@ class _Stamps:
         pass
 
 
-def run_transformers(prompts: dict, args: argparse.Namespace) -> dict:
-    import torch
-    import transformers
+class TransformersSide:
+    """The same measurements with transformers ``generate`` (fp32, from the same GGUF)."""
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    model = _hf_model(args)
-    pad = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0
+    def __init__(self) -> None:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
 
-    def generate(batch: list[list[int]], n: int, streamer: object = None) -> object:
+        from backend.weights.embedded import find_or_fetch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        gguf = Path(find_or_fetch())
+        self.torch, self.version = torch, transformers.__version__
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+        eos = self.model.config.eos_token_id
+        self.pad = eos if isinstance(eos, int) else 0
+
+    def generate(self, batch: list[list[int]], n: int, streamer: object = None) -> object:
+        torch, pad = self.torch, self.pad
         width = max(len(p) for p in batch)  # left padding, as batched generation requires
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.inference_mode():
-            return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n,
-                                  min_new_tokens=n, do_sample=False, pad_token_id=pad,
-                                  streamer=streamer)
+            return self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n,
+                                       min_new_tokens=n, do_sample=False, pad_token_id=pad,
+                                       streamer=streamer)
 
-    load_before = _load()
-    generate([prompts["long"][-1]], 2)
-    generate([prompts["chat"][-1]], 8)  # warm-up
-    ttft = []
-    for prompt in prompts["long"][:-1]:
+    def ttft(self, prompt: list[int]) -> float:
         t0 = time.perf_counter()
-        generate([prompt], 1)
-        ttft.append(time.perf_counter() - t0)
-    decode = []
-    for prompt in prompts["chat"][:args.reps]:
+        self.generate([prompt], 1)
+        return time.perf_counter() - t0
+
+    def decode(self, prompt: list[int], n: int) -> float:
         st = _Stamps()
-        generate([prompt], args.decode_tokens, st)
+        self.generate([prompt], n, st)
         steps = st.times[1:]  # the first put() is the prompt
-        decode.append((len(steps) - 1) / (steps[-1] - steps[0]))
-    batch = []
-    for _ in range(args.reps):
+        return (len(steps) - 1) / (steps[-1] - steps[0])
+
+    def aggregate(self, prompts: list[list[int]], n: int) -> float:
         t0 = time.perf_counter()
-        out = generate(prompts["chat"][:args.concurrency], args.decode_tokens)
+        out = self.generate(prompts, n)
         wall = time.perf_counter() - t0
-        width = max(len(p) for p in prompts["chat"][:args.concurrency])
-        batch.append((out.shape[1] - width) * out.shape[0] / wall)
-    return {"ttft_s": ttft, "decode_tok_s": decode, "aggregate_tok_s": batch,
-            "transformers": transformers.__version__, "load_before": load_before,
-            "load_after": _load()}
+        return (out.shape[1] - max(len(p) for p in prompts)) * out.shape[0] / wall
 
 
-# --- report --------------------------------------------------------------------------------
+# --- the run -------------------------------------------------------------------------------
+async def measure(base: str, model: str, hf: TransformersSide | None, prompts: dict,
+                  args: argparse.Namespace) -> dict:
+    """Both sides, alternating repetition by repetition."""
+    out: dict = {"backend": {}, "transformers": {}, "load": {}}
+    chat, n, c = prompts["chat"], args.decode_tokens, args.concurrency
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        be = BackendSide(session, base, model)
+        await be.aggregate(chat[-1:] * 2, 8)  # warm-up (the engine's first steps are slow)
+        await be.ttft(prompts["long"][-1])
+        be.server_ttft.clear()
+        if hf:
+            hf.generate([prompts["long"][-1]], 2)
+            hf.generate(chat[-1:] * 2, 8)
+        for i in range(args.reps):
+            _record(out, "ttft_s", await be.ttft(prompts["long"][i]),
+                    hf and hf.ttft(prompts["long"][i]))
+        out["load"]["after_ttft"] = _load()
+        for i in range(args.reps):
+            _record(out, "decode_tok_s", await be.decode(chat[i], n), hf and hf.decode(chat[i], n))
+        out["load"]["after_decode"] = _load()
+        for _ in range(args.reps):
+            _record(out, "aggregate_tok_s", await be.aggregate(chat[:c], n),
+                    hf and hf.aggregate(chat[:c], n))
+        out["load"]["after_aggregate"] = _load()
+        out["backend"]["server_timings_of_ttft_requests"] = be.server_ttft
+    if not hf:
+        del out["transformers"]
+    return out
+
+
+def _record(out: dict, metric: str, backend: float, transformers: float | None) -> None:
+    out["backend"].setdefault(metric, []).append(backend)
+    if transformers is not None:
+        out["transformers"].setdefault(metric, []).append(transformers)
+
+
 def _summary(side: dict) -> dict:
-    return {"ttft_s_median": statistics.median(side["ttft_s"]),
-            "decode_tok_s_median": statistics.median(side["decode_tok_s"]),
-            "aggregate_tok_s_median": statistics.median(side["aggregate_tok_s"])}
+    return {f"{k}_median": statistics.median(side[k])
+            for k in ("ttft_s", "decode_tok_s", "aggregate_tok_s")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,14 +256,26 @@ def main(argv: list[str] | None = None) -> int:
     prompts = build_prompts(load_model_source(args.model).tokenizer, args)
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": platform.platform(),
               "cpus": os.cpu_count(), "python": platform.python_version(),
-              "args": vars(args), "backend": run_backend(prompts, args)}
-    if not args.skip_transformers:
-        result["transformers"] = run_transformers(prompts, args)
-    result["summary"] = {k: _summary(v) for k, v in result.items()
-                         if k in ("backend", "transformers")}
+              "args": vars(args), "load_start": _load()}
+    proc, base, _ = start_backend(args)
+    try:
+        health = json.loads(_get(f"{base}/health"))
+        model = json.loads(_get(f"{base}/v1/models"))["data"][0]["id"]
+        hf = None if args.skip_transformers else TransformersSide()
+        result.update(asyncio.run(measure(base, model, hf, prompts, args)))
+        result["backend"].update(command=f"python -m backend --model {args.model} "
+                                         f"{args.backend_args}".strip(),
+                                 attention_kernel=health["attention_kernel"])
+        if hf:
+            result["transformers"]["version"] = hf.version
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    result["summary"] = {k: _summary(result[k]) for k in ("backend", "transformers")
+                         if k in result}
     if "transformers" in result:
         b, t = result["summary"]["backend"], result["summary"]["transformers"]
-        result["summary"]["ratio_backend_over_transformers"] = {
+        result["summary"]["backend_over_transformers"] = {
             "ttft_speedup": t["ttft_s_median"] / b["ttft_s_median"],
             "decode_batch1": b["decode_tok_s_median"] / t["decode_tok_s_median"],
             f"aggregate_{args.concurrency}": b["aggregate_tok_s_median"]

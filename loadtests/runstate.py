@@ -70,13 +70,16 @@ class RunState:
         self.settings = settings_mod.resolve(self.env.parsed_options)
         if not _is_worker(self.env):
             settings_mod.write_back(self.env.parsed_options, self.settings)  # -> workers
+            if self.sink is not None:  # a new test from the web UI: a fresh file
+                self.sink.close()
             self.sink = RecordSink(self.settings.records, self.settings.measure_requests,
                                    on_target=self._target_reached)
         if _is_master(self.env):
             return  # the master sends nothing itself
         self._ready, self._started, self._pending = False, 0, []
-        # A full GC pass over Locust's ~10^5 start-up objects stalls every greenlet for tens of
-        # ms (measured: 20 ms TTFT/TTFB spikes); frozen objects are never scanned again.
+        # A full GC pass over Locust's ~10^5 start-up objects stalls every greenlet for
+        # milliseconds; frozen objects are never scanned again. The monitor records any
+        # collection that still takes >= 1 ms (gc_pauses_ms in the summary).
         gc.collect()
         gc.freeze()
         self.monitor.start()

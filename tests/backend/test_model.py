@@ -8,9 +8,17 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.model import LlamaModel
-from tests.backend.tiny_models import hf_greedy, source_from_hf, tiny_hf_model
+from tests.backend.tiny_models import assert_all_blocks_free, hf_greedy, source_from_hf, \
+    tiny_hf_model, track_engines
 
 FP32_ATOL = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def all_kv_blocks_free_after_each_test(monkeypatch):
+    engines = track_engines(monkeypatch)
+    yield
+    assert_all_blocks_free(engines)
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 
 

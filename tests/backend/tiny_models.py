@@ -64,3 +64,25 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
         out = model(torch.tensor([[tokens[-1]]]), past_key_values=past, use_cache=True)
         past = out.past_key_values
     return tokens
+
+
+def track_engines(monkeypatch) -> list:
+    """Record every LLMEngine built during a test (AsyncEngine's included)."""
+    from backend.engine.llm_engine import LLMEngine
+
+    engines: list = []
+    original = LLMEngine.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        engines.append(self)
+
+    monkeypatch.setattr(LLMEngine, "__init__", init)
+    return engines
+
+
+def assert_all_blocks_free(engines: list) -> None:
+    for engine in engines:
+        bm = engine.block_manager
+        assert not engine.has_unfinished(), "a test left requests in the engine"
+        assert bm.num_used == 0 and bm.num_free == bm.num_blocks, "KV blocks still held"

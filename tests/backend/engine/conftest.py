@@ -6,7 +6,17 @@ import pytest
 
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from tests.backend.tiny_models import source_from_hf, tiny_hf_model
+from tests.backend.tiny_models import assert_all_blocks_free, source_from_hf, \
+    tiny_hf_model, track_engines
+
+
+@pytest.fixture(autouse=True)
+def all_kv_blocks_free_after_each_test(monkeypatch):
+    """Every engine a test builds (directly or inside AsyncEngine) must end with all its KV
+    blocks free and no request left."""
+    engines = track_engines(monkeypatch)
+    yield
+    assert_all_blocks_free(engines)
 
 
 @pytest.fixture(scope="session")
@@ -22,17 +32,9 @@ def tiny_source(tiny_llama):
 @pytest.fixture
 def make_engine(tiny_source):
     """make_engine(**EngineConfig fields) -> LLMEngine on the tiny Llama (or source=...)."""
-    engines: list[LLMEngine] = []
-
     def make(source=None, **overrides) -> LLMEngine:
         fields = dict(kv_cache_memory_gib=0.005, max_model_len=512, dtype="float32")
         fields.update(overrides)
-        engine = LLMEngine(EngineConfig(**fields), source or tiny_source)
-        engines.append(engine)
-        return engine
+        return LLMEngine(EngineConfig(**fields), source or tiny_source)
 
-    yield make
-    for engine in engines:
-        assert not engine.has_unfinished(), "a test left requests in the engine"
-        assert engine.block_manager.num_used == 0, "KV blocks still held after the test"
-        assert engine.block_manager.num_free == engine.block_manager.num_blocks
+    return make

@@ -98,3 +98,15 @@ def test_attention_kernel_probe_names_the_kernel() -> None:
     assert name.startswith("cpu_") and "unknown" not in name and ctx is None
     assert probe_attention_kernel("math", torch.device("cpu"), torch.float32, 2, 2, 16) == \
         ("math", None)
+
+
+def test_the_blocks_free_check_catches_a_leak(make_engine) -> None:
+    from tests.backend.tiny_models import assert_all_blocks_free
+
+    engine = make_engine()
+    engine.add_request("leak", list(range(3, 40)), SamplingParams(max_tokens=4))
+    engine.step()
+    with pytest.raises(AssertionError):
+        assert_all_blocks_free([engine])
+    engine.abort_request("leak")
+    assert_all_blocks_free([engine])
