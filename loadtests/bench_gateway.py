@@ -142,10 +142,16 @@ def client_main(a: argparse.Namespace) -> None:
 
 
 # ---- process helpers --------------------------------------------------------------------------
-def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def _pinned(cpus: set[int] | None) -> Any:
+    """preexec_fn that pins the child to ``cpus`` (None: no pinning)."""
+    return None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+
+
+def _spawn(cmd: list[str], env: dict[str, str] | None = None,
+           cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
     """Start a server that prints 'listening URL' first; return (process, url)."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                         env={**os.environ, **(env or {})})
+                         env={**os.environ, **(env or {})}, preexec_fn=_pinned(cpus))
     line = _readline(p, 60)
     if not line.startswith("listening "):
         p.kill()
@@ -187,16 +193,18 @@ def _cpu_s(pid: int) -> float:
 
 def _client(url: str, model: str, c: int, n: int, warmup: int,
             extra: dict[str, Any] | None = None, timeout: float = 900,
-            spread_s: float = 0.0) -> dict[str, Any]:
+            spread_s: float = 0.0, cpus: set[int] | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "loadtests.bench_gateway", "client", "--url", url,
            "--model", model, "--concurrency", str(c), "--requests", str(n),
            "--warmup", str(warmup), "--body-extra", json.dumps(extra or {}),
            "--spread-s", str(spread_s)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True,
+                         preexec_fn=_pinned(cpus))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _gateway(upstream: str, tmp: Path) -> tuple[subprocess.Popen, str]:
+def _gateway(upstream: str, tmp: Path,
+             cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
     cfg = {"keys": [{"name": "bench", "env": "BENCH_GATEWAY_KEY"}],
            "providers": {"fake": {"base_url": upstream + "/v1", "max_retries": 0}},
            "models": {"timed": {"provider": "fake", "model": "timed"}},
@@ -204,10 +212,11 @@ def _gateway(upstream: str, tmp: Path) -> tuple[subprocess.Popen, str]:
     path = tmp / "gateway.yaml"
     path.write_text(json.dumps(cfg))
     return _spawn([sys.executable, "-m", "gateway", "--config", str(path), "--port", "0",
-                   "--log-level", "WARNING"], {"BENCH_GATEWAY_KEY": KEY})
+                   "--log-level", "WARNING"], {"BENCH_GATEWAY_KEY": KEY}, cpus)
 
 
-def _litellm(binary: str, upstream: str, tmp: Path, port: int) -> subprocess.Popen:
+def _litellm(binary: str, upstream: str, tmp: Path, port: int,
+             cpus: set[int] | None = None) -> subprocess.Popen:
     path = tmp / "litellm.yaml"
     path.write_text(json.dumps({"model_list": [{"model_name": "timed", "litellm_params": {
         "model": "openai/timed", "api_base": upstream + "/v1", "api_key": "x"}}]}))
@@ -215,7 +224,7 @@ def _litellm(binary: str, upstream: str, tmp: Path, port: int) -> subprocess.Pop
            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
     p = subprocess.Popen([binary, "--config", str(path), "--host", "127.0.0.1", "--port",
                           str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         env=env)
+                         env=env, preexec_fn=_pinned(cpus))
     import urllib.request
     end = time.time() + 180
     while time.time() < end:
@@ -239,23 +248,29 @@ def _meta(a: argparse.Namespace) -> dict[str, Any]:
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": "2-core x86-64 CPU VM, 24 GiB, Python 3.11, torch 2.13 CPU",
             "loadavg_start": os.getloadavg(), "command": " ".join(sys.argv),
+            "pinned": bool(getattr(a, "pin", False)),
             "fake_upstream": {"ttft_ms": a.ttft_ms, "itl_ms": a.itl_ms, "tokens": 64}}
 
 
-def _fake(a: argparse.Namespace, ttft_ms: float, itl_ms: float) -> tuple[subprocess.Popen, str]:
+def _fake(a: argparse.Namespace, ttft_ms: float, itl_ms: float,
+          cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
     return _spawn([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
-                   "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens", "64"])
+                   "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens", "64"],
+                  cpus=cpus)
 
 
 # ---- phases -----------------------------------------------------------------------------------
 def phase_latency(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    fake, up = _fake(a, a.ttft_ms, a.itl_ms)
-    gw, gw_url = _gateway(up, tmp)
+    # --pin: the proxy under test gets CPU 1 alone; the fake upstream and the client share
+    # CPU 0 (so they never compete with the proxy, as on a machine with a core to spare).
+    env_cpus, proxy_cpus = ({0}, {1}) if a.pin else (None, None)
+    fake, up = _fake(a, a.ttft_ms, a.itl_ms, env_cpus)
+    gw, gw_url = _gateway(up, tmp, proxy_cpus)
     procs = {"direct": fake, "gateway": gw}
     urls = {"direct": up, "gateway": gw_url}
     if a.litellm:
         port = _free_port()
-        procs["litellm"] = _litellm(a.litellm, up, tmp, port)
+        procs["litellm"] = _litellm(a.litellm, up, tmp, port, proxy_cpus)
         urls["litellm"] = f"http://127.0.0.1:{port}"
     runs = []
     try:
@@ -266,7 +281,7 @@ def phase_latency(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 cpu0, fcpu0 = _cpu_s(pid), _cpu_s(fpid)
                 log_rows = _log_len(tmp)
                 r = _client(base + "/v1/chat/completions", "timed", c, n, max(c, 20),
-                            spread_s=(a.ttft_ms + 63 * a.itl_ms) / 1000)
+                            spread_s=(a.ttft_ms + 63 * a.itl_ms) / 1000, cpus=env_cpus)
                 if name == "gateway":  # the gateway's own view, warm-up rows skipped
                     r["gateway_log"] = _log_summary(tmp, log_rows + max(c, 20))
                 r.update(target=name, server_cpu_s=round(_cpu_s(pid) - cpu0, 2),
@@ -394,7 +409,7 @@ def run_main(a: argparse.Namespace) -> None:
             meta = _meta(a)
             result = phases[name](a, Path(tmp))
             meta["loadavg_end"] = os.getloadavg()
-            path = out / f"gateway-{name}.json"
+            path = out / f"gateway-{name}{a.tag}.json"
             path.write_text(json.dumps({"meta": meta, **result}, indent=1) + "\n")
             print(f"wrote {path}", flush=True)
 
@@ -408,6 +423,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--phases", default="latency,rss_open,growth")
     r.add_argument("--litellm", default=None, help="path to the litellm binary (optional)")
     r.add_argument("--concurrency", default="1,100,500")
+    r.add_argument("--pin", action="store_true",
+                   help="pin the proxy to CPU 1, fake upstream + client to CPU 0")
+    r.add_argument("--tag", default="", help="suffix for the JSON file names")
     r.add_argument("--ttft-ms", type=float, default=50.0)
     r.add_argument("--itl-ms", type=float, default=10.0)
     r.add_argument("--requests-1", type=int, default=100, help="timed requests at c=1")
