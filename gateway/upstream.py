@@ -99,8 +99,9 @@ async def _attempt(session: aiohttp.ClientSession, dep: Deployment, endpoint: st
     pc = dep.provider.config
     loop = asyncio.get_running_loop()
     start = loop.time()
-    first_deadline = start + (pc.first_token_timeout_seconds or pc.timeout_seconds)
     total_deadline = start + pc.timeout_seconds
+    first_deadline = min(total_deadline,
+                         start + (pc.first_token_timeout_seconds or pc.timeout_seconds))
     headers.popall("Authorization", None)  # never carry one provider's key to another
     if dep.provider.api_key:
         headers["Authorization"] = "Bearer " + dep.provider.api_key
@@ -109,7 +110,7 @@ async def _attempt(session: aiohttp.ClientSession, dep: Deployment, endpoint: st
     if rec.t_sent_ns is None:
         rec.t_sent_ns = rec.t_attempt_ns
     try:
-        async with asyncio.timeout_at(min(first_deadline, total_deadline)):
+        async with asyncio.timeout_at(first_deadline):
             resp = await session.post(dep.provider.url(endpoint), data=body, headers=headers,
                                       timeout=timeout, allow_redirects=False)
     except TimeoutError:

@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(60)
+    result["load_end"] = _load()
     result["summary"] = {k: _summary(result[k]) for k in ("backend", "transformers")
                          if k in result}
     if "transformers" in result:

@@ -6,6 +6,7 @@ not, all consume these events (see ``formatting.py``).
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Union
@@ -31,6 +32,7 @@ class Finish:
 
 
 Event = Union[Delta, Finish]
+_DRAIN_TIMEOUT_S = 1.0  # wait at most this long for the engine to confirm a stop-string abort
 
 
 def _s(ns: int) -> float:
@@ -67,12 +69,6 @@ class Generation:
         final = None
         try:
             async for out in stream:
-                if self._stops.stopped:
-                    # Draining after our abort: its final output carries the engine's timings.
-                    if out.finished:
-                        final = out
-                        break
-                    continue
                 text = self._take(out, detok)
                 if text:
                     yield Delta(text)
@@ -80,7 +76,9 @@ class Generation:
                     final = out
                     break
                 if self._stops.stopped:
-                    self._engine.abort(self._rid)  # frees the blocks; a final output follows
+                    self._engine.abort(self._rid)  # frees the blocks at once
+                    final = await self._drain(stream)
+                    break
         except RequestRejected as exc:
             raise APIError(400, exc.message, param=exc.param) from exc
         except (APIError, GeneratorExit):
@@ -99,6 +97,20 @@ class Generation:
         else:
             reason = final.finish_reason or "stop"
         yield Finish(reason, self._usage(final), self._finish_timings(final))
+
+    async def _drain(self, stream: AsyncIterator) -> object | None:
+        """After our abort, the engine's final output (it carries the engine's timings), if it
+        comes within a moment; the answer is complete either way, so never wait long."""
+        async def final() -> object | None:
+            async for out in stream:
+                if out.finished:
+                    return out
+            return None
+
+        try:
+            return await asyncio.wait_for(final(), _DRAIN_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return None
 
     def _take(self, out: object, detok: object) -> str:
         """Count and stamp the output's tokens; return the text that may be sent now."""

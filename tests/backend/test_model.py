@@ -97,3 +97,19 @@ def test_smollm2_bfloat16_stays_close_to_float32(smollm2_source) -> None:
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
     params = SamplingParams(max_tokens=12, temperature=0.0)
     assert "Paris" in tok.decode(bf16.generate([prompt], params)[0])
+
+
+def test_smollm2_batch_invariance_with_chunked_prefill(smollm2_source) -> None:
+    """The real model, fp32: 8 greedy requests of different lengths at once, with prompts
+    split across steps, give the tokens each gets alone."""
+    tok = smollm2_source.tokenizer
+    questions = ["What is the capital of France?", "Name a prime number.", "Say hello.",
+                 "What colour is the sky?", "Count to five.", "What is 2 + 2?",
+                 "Give me a fruit.", "Who wrote Hamlet?"]
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q * (i % 3 + 1)}]))
+               for i, q in enumerate(questions)]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    alone_engine = _engine(smollm2_source, enable_prefix_caching=False)
+    alone = [alone_engine.generate([p], params)[0] for p in prompts]
+    batched = _engine(smollm2_source, max_num_batched_tokens=48)
+    assert batched.generate(prompts, params) == alone
