@@ -13,7 +13,8 @@ sub-command: one uvloop + aiohttp process, closed loop of N concurrent streams).
 * ``rss_open``: RSS of the gateway process while 1,000 streams are open at once.
 * ``growth``: RSS of the gateway every 10,000 requests over 100,000 short streams.
 
-Raw samples' percentiles (with counts) and settings go to ``<out>/gateway-<phase>.json``.
+Raw samples' percentiles (with counts) and settings go to ``<out>/gateway-<phase><tag>.json``.
+``--pin`` puts the proxy under test alone on CPU 1 and the fake upstream + client on CPU 0.
 """
 from __future__ import annotations
 

@@ -36,6 +36,8 @@ class Sampler:
         for i, seq in enumerate(seqs):
             if seq.generator is not None and not greedy[i]:
                 noise[i].exponential_(generator=seq.generator)
+        # a zero draw would make 0/0 = NaN on a filtered token, and argmax picks NaN
+        noise.clamp_(min=torch.finfo(noise.dtype).tiny)
         sampled = (probs / noise).argmax(dim=-1)
         is_greedy = torch.tensor(greedy, device=self.device)
         return torch.where(is_greedy, logits.argmax(dim=-1), sampled)
@@ -46,7 +48,9 @@ class Sampler:
             p = seq.params
             if seq.num_generated >= p.min_tokens:
                 continue
-            banned = p.stop_token_ids + (() if p.ignore_eos else self.eos)
+            vocab = logits.shape[1]
+            banned = [t for t in p.stop_token_ids + (() if p.ignore_eos else self.eos)
+                      if 0 <= t < vocab]
             rows.extend([i] * len(banned))
             cols.extend(banned)
         if rows:

@@ -8,7 +8,6 @@ import signal
 import sys
 
 import aiohttp
-import pytest
 
 from tests.gateway.conftest import CLIENT_KEY
 

@@ -113,3 +113,19 @@ def test_sampling_params_from_dict_rejects_unknown_keys() -> None:
     assert SamplingParams.from_dict({"stop_token_ids": [5, 6]}).stop_token_ids == (5, 6)
 
 
+
+
+def test_filtered_tokens_never_sampled_even_with_zero_noise(monkeypatch) -> None:
+    """argmax(p / E): a zero exponential draw on a filtered token must not win."""
+    sampler = Sampler((0,), torch.device("cpu"))
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]])
+    seqs = [_seq(SamplingParams(temperature=1.0, top_k=1))]
+    monkeypatch.setattr(torch.Tensor, "exponential_", lambda self, **_: self.zero_())
+    assert int(sampler.sample(logits.clone(), seqs)) == 4
+
+
+def test_out_of_vocab_stop_ids_are_ignored_by_the_mask() -> None:
+    sampler = Sampler((0,), torch.device("cpu"))
+    logits = torch.tensor([[5.0, 1.0, 2.0]])
+    seqs = [_seq(SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=(99,)))]
+    assert int(sampler.sample(logits, seqs)) == 2  # EOS 0 masked, 99 ignored
