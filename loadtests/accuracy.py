@@ -3,11 +3,18 @@
     flock /tmp/ft-heavy.lock python -m loadtests.accuracy --users 1,16,64,256 \\
         --json docs/benchmarks/loadgen-accuracy.json
 
-The fake upstream (its own process, uvloop) injects TTFT ``--ttft-ms`` and ITL ``--itl-ms``;
-Locust runs ``loadtests/chat.py`` closed-loop with N users straight against it. The error of a
-request is ``ttft_s - ttft_ms/1000``; it includes the fake's own lateness (timer granularity,
-its event loop under load), so a reference client — one blocking raw socket, one stream at a
-time — measures that floor first. Each row carries the generator's saturation verdict.
+The fake upstream (its own process, uvloop, ``--precise-timers`` unless ``--loop-timers``)
+injects TTFT ``--ttft-ms`` and ITL ``--itl-ms``; Locust runs ``loadtests/chat.py`` with N users
+straight against it. Two errors per request:
+
+- vs injected (the issue's measure): ``ttft_s - ttft_ms/1000``; it includes the fake's own
+  lateness (timer, its event loop under a burst of requests);
+- vs sent (the generator's own error): ``ttft_s - (first content sent - request start)``, with
+  the fake's send time from its ``--stamp-log`` (CLOCK_REALTIME, matched by ``x-request-id`` to
+  ``RequestRecord.t_start_unix``), i.e. loopback delivery + the generator's own delay.
+
+A reference client — one blocking raw socket, one stream at a time — measures the fake's floor
+first and, as a probe, while Locust loads the fake. Each row carries the saturation verdict.
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -29,10 +37,11 @@ from loadtests.stats import summarize
 CHAT_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat.py")
 
 
-def start_fake(ttft_ms: float, itl_ms: float, tokens: int) -> tuple[subprocess.Popen, str]:
+def start_fake(ttft_ms: float, itl_ms: float, tokens: int,
+               extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
                              "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
-                             "--tokens", str(tokens)], stdout=subprocess.PIPE, text=True)
+                             "--tokens", str(tokens), *extra], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()  # "listening http://127.0.0.1:PORT", flushed first
     if not line.startswith("listening "):
@@ -42,33 +51,77 @@ def start_fake(ttft_ms: float, itl_ms: float, tokens: int) -> tuple[subprocess.P
 
 
 def reference_errors(url: str, n: int, ttft_ms: float, tokens: int,
-                     stop: threading.Event | None = None) -> list[float]:
-    """TTFT error seen by the simplest possible client: a blocking socket, one request.
+                     stop: threading.Event | None = None) -> list[dict[str, float]]:
+    """TTFT errors (ms) seen by the simplest possible client: a blocking socket, one request.
 
-    With ``stop`` it runs (up to ``n`` requests) until set: a probe of how late the fake
-    upstream itself is while Locust loads it.
+    Each sample: ``injected`` (TTFT - ttft_ms) and, when the fake stamps chunks, ``vs_sent``
+    (receipt - the fake's ``fake_sent_ns``: loopback delivery + this client) and ``fake_late``
+    (``fake_sent_ns - fake_recv_ns - ttft``: the fake's own timer lateness). With ``stop`` it
+    runs (up to ``n`` requests) until set: a probe of the fake while Locust loads it.
     """
     u = urlsplit(url)
     body = json.dumps({"model": "m", "stream": True, "max_tokens": tokens,
-                       "messages": [{"role": "user", "content": "x"}]}).encode()
+                       "messages": [{"role": "user", "content": "x"}],
+                       "fake": {"stamp": True}}).encode()
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {u.netloc}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n").encode()
-    errs: list[float] = []
+    out: list[dict[str, float]] = []
     for _ in range(n):
         if stop is not None and stop.is_set():
             break
         with socket.create_connection((u.hostname, u.port), timeout=30) as s:
-            t0 = time.perf_counter_ns()
+            t0 = time.perf_counter_ns()  # CLOCK_MONOTONIC, the fake's stamp clock too
             s.sendall(head + body)
             buf = b""
-            while b'"content":"t0' not in buf:
+            idx = -1  # until the whole first content event (with its stamps) is in
+            while idx < 0 or buf.find(b"\n\n", idx) < 0:
                 chunk = s.recv(65536)
                 if not chunk:
                     raise RuntimeError("reference stream ended before content")
                 buf += chunk
-            errs.append((time.perf_counter_ns() - t0) / 1e9 - ttft_ms / 1000)
-    return errs
+                idx = buf.find(b'"content":"t0')
+            t1 = time.perf_counter_ns()
+        out.append(_reference_sample(buf, t0, t1, ttft_ms))
+    return out
+
+
+def _reference_sample(buf: bytes, t0: int, t1: int, ttft_ms: float) -> dict[str, float]:
+    sample = {"injected": (t1 - t0) / 1e6 - ttft_ms}
+    m_sent = re.search(rb'"content":"t0 "}.*?"fake_recv_ns":(\d+),"fake_sent_ns":(\d+)', buf)
+    if m_sent:
+        recv, sent = int(m_sent.group(1)), int(m_sent.group(2))
+        sample["vs_sent"] = (t1 - sent) / 1e6
+        sample["fake_late"] = (sent - recv) / 1e6 - ttft_ms
+    return sample
+
+
+def _ms(samples: list[dict[str, float]], key: str) -> dict:
+    return summarize(x[key] for x in samples if key in x).to_dict()
+
+
+def read_stamps(path: str) -> dict[str, dict]:
+    """The fake's ``--stamp-log``: request id -> its line (first send and receipt times)."""
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return {d["request_id"]: d for d in map(json.loads, filter(str.strip, f))}
+
+
+def wire_errors(ok: list, stamps: dict[str, dict], ttft_ms: float) -> dict:
+    """Generator error vs the fake's actual first send, and the fake's own lateness (ms)."""
+    vs_sent, fake_late_client, fake_late_recv = [], [], []
+    for r in ok:
+        st = stamps.get(r.request_id)
+        if st is None or r.ttft_s is None:
+            continue
+        true_ttft_s = st["first_sent_unix_ns"] / 1e9 - r.t_start_unix
+        vs_sent.append((r.ttft_s - true_ttft_s) * 1000)
+        fake_late_client.append(true_ttft_s * 1000 - ttft_ms)
+        fake_late_recv.append((st["first_sent_ns"] - st["recv_ns"]) / 1e6 - ttft_ms)
+    return {"error_vs_sent_ms": summarize(vs_sent).to_dict(),
+            "fake_late_from_client_start_ms": summarize(fake_late_client).to_dict(),
+            "fake_late_from_fake_receipt_ms": summarize(fake_late_recv).to_dict()}
 
 
 def load_args(users: int, mode: str, a: argparse.Namespace) -> list[str]:
@@ -87,7 +140,7 @@ def load_args(users: int, mode: str, a: argparse.Namespace) -> list[str]:
 
 
 def run_users(url: str, users: int, requests: int, out_dir: str, a: argparse.Namespace,
-              mode: str, fake_pid: int) -> dict:
+              mode: str, fake_pid: int, stamp_log: str) -> dict:
     import psutil
     records = os.path.join(out_dir, f"{mode}-users-{users:03d}.jsonl")
     cmd = [sys.executable, "-m", "locust", "-f", CHAT_PY, "--headless", "--only-summary",
@@ -100,7 +153,7 @@ def run_users(url: str, users: int, requests: int, out_dir: str, a: argparse.Nam
     fake_proc.cpu_percent(None)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stop = threading.Event()
-    probe: list[float] = []
+    probe: list[dict[str, float]] = []
     # The probe starts once Locust is up (about a second) and runs until the step ends.
     thread = threading.Thread(target=lambda: (stop.wait(1.5),
                                               probe.extend(reference_errors(
@@ -129,7 +182,10 @@ def run_users(url: str, users: int, requests: int, out_dir: str, a: argparse.Nam
             ((r.ttft_s or 0) - (r.ttfb_s or 0) - a.ttft_ms / 1000) * 1000 for r in ok).to_dict(),
         "queue_ms_p99": summarize(r.queue_s * 1000 for r in recs).p99,
         "measured": len(recs), "fake_upstream_cpu_pct": fake_cpu,
-        "probe_error_ms": summarize(e * 1000 for e in probe).to_dict(),
+        "probe_error_ms": _ms(probe, "injected"),
+        "probe_error_vs_sent_ms": _ms(probe, "vs_sent"),
+        "probe_fake_late_ms": _ms(probe, "fake_late"),
+        **wire_errors(ok, read_stamps(stamp_log), a.ttft_ms),
         "ok": len(ok), "wall_s": round(time.time() - t0, 1),
         "error_ms": {k: (v * 1000 if isinstance(v, float) else v)
                      for k, v in err.to_dict().items() if k not in ("count", "p99_reliable")},
@@ -159,18 +215,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", default="both", choices=("open", "lockstep", "both"),
                    help="how users start (see spawn_rate); default both")
     p.add_argument("--step-timeout", type=int, default=300)
+    p.add_argument("--loop-timers", action="store_true",
+                   help="run the fake without --precise-timers (the earlier, ~1 ms late fake)")
+    p.add_argument("--fake-loop", choices=("uvloop", "asyncio"), default="uvloop")
     p.add_argument("--out", default="runs/accuracy")
     p.add_argument("--json", default=None, help="write the results here too")
     a = p.parse_args(argv)
     users = [int(x) for x in a.users.split(",")]
     reqs = [int(x) for x in a.requests.split(",")]
     os.makedirs(a.out, exist_ok=True)
-    fake, url = start_fake(a.ttft_ms, a.itl_ms, a.tokens)
+    stamp_log = os.path.join(a.out, "fake-stamps.jsonl")
+    if os.path.exists(stamp_log):
+        os.remove(stamp_log)
+    extra = ("--stamp-log", stamp_log, "--loop", a.fake_loop,
+             *(() if a.loop_timers else ("--precise-timers",)))
+    fake, url = start_fake(a.ttft_ms, a.itl_ms, a.tokens, extra)
     try:
-        ref = summarize(e * 1000 for e in reference_errors(url, a.reference_requests,
-                                                            a.ttft_ms, a.tokens))
+        ref_samples = reference_errors(url, a.reference_requests, a.ttft_ms, a.tokens)
+        ref = summarize(x["injected"] for x in ref_samples)
         modes = ("open", "lockstep") if a.mode == "both" else (a.mode,)
-        rows = [run_users(url, u, reqs[min(i, len(reqs) - 1)], a.out, a, mode, fake.pid)
+        rows = [run_users(url, u, reqs[min(i, len(reqs) - 1)], a.out, a, mode, fake.pid,
+                          stamp_log)
                 for mode in modes for i, u in enumerate(users)]
     finally:
         fake.terminate()
@@ -181,27 +246,48 @@ def main(argv: list[str] | None = None) -> int:
               "load_average": os.getloadavg(), "injected": {"ttft_ms": a.ttft_ms,
                                                             "itl_ms": a.itl_ms,
                                                             "tokens": a.tokens},
-              "reference_client_error_ms": ref.to_dict(), "rows": rows}
+              "fake": {"precise_timers": not a.loop_timers, "loop": a.fake_loop},
+              "reference_client_error_ms": ref.to_dict(),
+              "reference_client_error_vs_sent_ms": _ms(ref_samples, "vs_sent"),
+              "reference_client_fake_late_ms": _ms(ref_samples, "fake_late"),
+              "rows": rows}
     text = json.dumps(result, indent=2)
     if a.json:
         with open(a.json, "w") as f:
             f.write(text)
-    print(f"reference raw-socket client: error {ref.fmt('ms', 1.0)}")
-    print("| load | users | n | error p50 ms | error p99 ms | abs p99 ms | after-headers p50/p99 "
-          "| probe p50/p99 ms (n) | fake CPU % | gen CPU p90 % | loop lag p99 ms | saturated |")
-    for r in rows:
-        e = {k: (math.nan if v is None else v) for k, v in r["error_ms"].items()}
-        pr = {k: (math.nan if v is None else v) for k, v in r["probe_error_ms"].items()}
-        ah = r["error_after_headers_ms"]
-        print(f"| {r['mode']} | {r['users']} | {r['error_count']} | {e['p50']:.2f} | "
-              f"{e['p99']:.2f} | {r['abs_error_p99_ms']:.2f} | "
-              f"{ah['p50'] if ah['p50'] is not None else math.nan:.2f}/"
-              f"{ah['p99'] if ah['p99'] is not None else math.nan:.2f} | "
-              f"{pr['p50']:.2f}/{pr['p99']:.2f} ({pr['count']}) | "
-              f"{r['fake_upstream_cpu_pct']:.0f} | {r['generator_cpu_p90_pct'] or math.nan:.0f} | "
-              f"{r['loop_lag_p99_ms'] or math.nan:.1f} | {r['generator_saturated']} "
-              f"{'; '.join(r['generator_reasons'])} |")
+    _print_table(result)
     return 0
+
+
+def _f(d: dict, key: str) -> str:
+    v = d.get(key)
+    return "nan" if v is None else f"{v:.2f}"
+
+
+def _print_table(result: dict) -> None:
+    ref_vs = result["reference_client_error_vs_sent_ms"]
+    ref_late = result["reference_client_fake_late_ms"]
+    print(f"fake: {result['fake']}; reference raw-socket client: error vs injected p50/p99 "
+          f"{_f(result['reference_client_error_ms'], 'p50')}/"
+          f"{_f(result['reference_client_error_ms'], 'p99')} ms, vs sent "
+          f"{_f(ref_vs, 'p50')}/{_f(ref_vs, 'p99')}, fake late {_f(ref_late, 'p50')}/"
+          f"{_f(ref_late, 'p99')} (n={ref_vs['count']})")
+    print("| load | users | n | vs injected p50 / p99 | \\|vs injected\\| p50 / p99 | "
+          "vs sent p50 / p99 (n) | fake late from client start p50 / p99 | fake late from "
+          "receipt p50 / p99 | probe vs injected p50 / p99 (n) | probe vs sent p50 / p99 | "
+          "fake CPU % | gen CPU p90 % | loop lag p99 | saturated |")
+    for r in result["rows"]:
+        e, vs = r["error_ms"], r["error_vs_sent_ms"]
+        lc, lr = r["fake_late_from_client_start_ms"], r["fake_late_from_fake_receipt_ms"]
+        pr, pvs = r["probe_error_ms"], r["probe_error_vs_sent_ms"]
+        print(f"| {r['mode']} | {r['users']} | {r['error_count']} | {_f(e, 'p50')} / "
+              f"{_f(e, 'p99')} | {_f(r, 'abs_error_p50_ms')} / {_f(r, 'abs_error_p99_ms')} | "
+              f"{_f(vs, 'p50')} / {_f(vs, 'p99')} ({vs['count']}) | {_f(lc, 'p50')} / "
+              f"{_f(lc, 'p99')} | {_f(lr, 'p50')} / {_f(lr, 'p99')} | {_f(pr, 'p50')} / "
+              f"{_f(pr, 'p99')} ({pr['count']}) | {_f(pvs, 'p50')} / {_f(pvs, 'p99')} | "
+              f"{r['fake_upstream_cpu_pct']:.0f} | {r['generator_cpu_p90_pct'] or math.nan:.0f} "
+              f"| {r['loop_lag_p99_ms'] or math.nan:.1f} | {r['generator_saturated']} "
+              f"{'; '.join(r['generator_reasons'] + r['timing_noise'])} |")
 
 
 if __name__ == "__main__":

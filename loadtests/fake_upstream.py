@@ -41,7 +41,17 @@ keepalive          number of empty-content chunks (``delta: {"content": ""}``) a
 no_role            true: skip the role-only chunk
 reasoning          the first N tokens go out as ``delta.reasoning_content``
 tool_calls         true: tokens go out as ``delta.tool_calls`` argument fragments
+stamp              true: every content chunk carries ``fake_recv_ns`` (the request's receipt)
+                   and ``fake_sent_ns`` (this chunk's send), ``time.monotonic_ns()`` values
 =================  =========================================================================
+
+Timing. Delays run on an absolute schedule from the request's receipt (handler entry): first
+content at receipt + ``ttft_ms``, token i at that + i x ``itl_ms`` (no drift). By default the
+event loop's timer waits, which ends up to ~1.2 ms late (uvloop: 1 ms granularity).
+``precise_timers`` (CLI ``--precise-timers``) waits on a timerfd instead: never early, typically
+< 0.1 ms late, no busy waiting (see ``loadtests/fake_timing.py``). ``stamp_log`` (CLI
+``--stamp-log PATH``) appends one JSONL line per stream at its first content: request id,
+receipt and first-send times (``StampLog``).
 
 A connection *refusal* is a stopped server: use a port with nothing listening.
 
@@ -66,12 +76,17 @@ from typing import Any, Callable
 from aiohttp import web
 from multidict import CIMultiDict
 
+from loadtests.fake_timing import (PreciseTimer, StampLog, loop_sleep_until,
+                                   precise_timers_available)
+
+def _flag(v: Any) -> bool:
+    return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes")
+
+
 _OPTION_TYPES: dict[str, Callable[[Any], Any]] = {
     "ttft_ms": float, "itl_ms": float, "tokens": int, "fault": str, "fail_times": int,
     "retry_after": float, "cut_after": int, "stall_s": float, "keepalive": int,
-    "no_role": lambda v: str(v).lower() in ("1", "true", "yes") if not isinstance(v, bool) else v,
-    "reasoning": int,
-    "tool_calls": lambda v: str(v).lower() in ("1", "true", "yes") if not isinstance(v, bool) else v,
+    "no_role": _flag, "reasoning": int, "tool_calls": _flag, "stamp": _flag,
 }
 _FAULTS = {"", "401", "500", "502", "503", "429", "close", "cut", "malformed", "stall_first",
            "stall_mid", "no_usage"}
@@ -86,6 +101,9 @@ class FakeConfig:
     tokens: int = 64
     model: str = "fake-model"
     record_limit: int = 1000  # bounded: benches send 100k requests
+    precise_timers: bool = False  # timerfd waits: exact delays (accuracy bench)
+    stamp: bool = False  # fake_recv_ns / fake_sent_ns on every content chunk
+    stamp_log: str = ""  # JSONL path: one line per stream at its first content
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0 or self.itl_ms < 0 or self.tokens < 0:
@@ -124,6 +142,7 @@ class _Plan:
     reasoning: int
     tool_calls: bool
     include_usage: bool
+    stamp: bool
 
 
 def _words(text: str) -> list[str]:
@@ -160,6 +179,8 @@ class FakeUpstream:
         self.received: deque[Received] = deque(maxlen=self.config.record_limit)
         self.stats = Stats()
         self._runner: web.AppRunner | None = None
+        self._timer: PreciseTimer | None = None
+        self._stamp_log: StampLog | None = None
         self.base_url = ""
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -174,6 +195,10 @@ class FakeUpstream:
         return app
 
     async def start(self) -> str:
+        if self.config.precise_timers and precise_timers_available():
+            self._timer = PreciseTimer()  # on the loop that serves requests
+        if self.config.stamp_log:
+            self._stamp_log = StampLog(self.config.stamp_log)
         # handler_cancellation: a client that goes away during a stall cancels the handler,
         # so tests can count cancelled streams.
         self._runner = web.AppRunner(self.make_app(), handler_cancellation=True,
@@ -189,6 +214,23 @@ class FakeUpstream:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._timer is not None:
+            self._timer.close()
+            self._timer = None
+        if self._stamp_log is not None:
+            self._stamp_log.close()
+            self._stamp_log = None
+
+    @property
+    def precise(self) -> bool:
+        """Whether delays use the timerfd (``precise_timers`` asked and available)."""
+        return self._timer is not None
+
+    async def _sleep_until(self, deadline_ns: int) -> None:
+        if self._timer is not None:
+            await self._timer.sleep_until(deadline_ns)
+        else:
+            await loop_sleep_until(deadline_ns)
 
     def last(self, path_suffix: str = "") -> Received:
         for r in reversed(self.received):
@@ -240,6 +282,7 @@ class FakeUpstream:
             keepalive=int(o.get("keepalive", 0)), role=not o.get("no_role", False),
             reasoning=int(o.get("reasoning", 0)), tool_calls=bool(o.get("tool_calls", False)),
             include_usage=isinstance(so, dict) and bool(so.get("include_usage")),
+            stamp=bool(o.get("stamp", c.stamp)),
         )
 
     # ---- handlers --------------------------------------------------------------------------
@@ -255,12 +298,14 @@ class FakeUpstream:
         return body
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        recv_ns = time.monotonic_ns()  # the delays count from here
         body = await self._read(request)
-        return await self._generate(request, body, chat=True)
+        return await self._generate(request, body, True, recv_ns)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
+        recv_ns = time.monotonic_ns()
         body = await self._read(request)
-        return await self._generate(request, body, chat=False)
+        return await self._generate(request, body, False, recv_ns)
 
     async def _models(self, request: web.Request) -> web.Response:
         data = [{"id": self.config.model, "object": "model", "created": 0, "owned_by": "fake"}]
@@ -287,7 +332,8 @@ class FakeUpstream:
             raise asyncio.CancelledError()  # aiohttp drops the closed connection quietly
         return None
 
-    async def _generate(self, request: web.Request, body: dict, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, body: dict, chat: bool,
+                        recv_ns: int) -> web.StreamResponse:
         plan = self._plan(request, body)
         faulted = await self._fault_response(request, plan)
         if faulted is not None:
@@ -295,8 +341,9 @@ class FakeUpstream:
         model = str(body.get("model") or self.config.model)
         n_prompt = len(_prompt_tokens(body))
         if body.get("stream"):
-            return await self._stream(request, plan, model, n_prompt, chat)
-        await asyncio.sleep(plan.ttft_s + plan.itl_s * max(plan.tokens - 1, 0))
+            return await self._stream(request, plan, model, n_prompt, chat, recv_ns)
+        await self._sleep_until(recv_ns + int((plan.ttft_s + plan.itl_s * max(plan.tokens - 1, 0))
+                                              * 1e9))
         text = "".join(f"t{i} " for i in range(plan.tokens))
         usage = {"prompt_tokens": n_prompt, "completion_tokens": plan.tokens,
                  "total_tokens": n_prompt + plan.tokens}
@@ -314,14 +361,14 @@ class FakeUpstream:
         return web.json_response(out)
 
     async def _stream(self, request: web.Request, plan: _Plan, model: str, n_prompt: int,
-                      chat: bool) -> web.StreamResponse:
+                      chat: bool, recv_ns: int) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         self.stats.open_streams += 1
         finished = False
         try:
             await resp.prepare(request)
-            await self._emit(resp, plan, model, n_prompt, chat, request)
+            await self._emit(resp, plan, model, n_prompt, chat, request, recv_ns)
             finished = True
         except (asyncio.CancelledError, ConnectionResetError):
             self.stats.cancelled_streams += 1
@@ -333,36 +380,49 @@ class FakeUpstream:
         return resp
 
     async def _emit(self, resp: web.StreamResponse, plan: _Plan, model: str, n_prompt: int,
-                    chat: bool, request: web.Request) -> None:
+                    chat: bool, request: web.Request, recv_ns: int) -> None:
         cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         # Pre-split template: each content chunk is one bytes concatenation, no json.dumps.
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = (f'data: {{"id":"{cid}","object":"{obj}","created":{int(time.time())},'
                 f'"model":{json.dumps(model)},"choices":[{{"index":0,').encode()
         tail = b',"finish_reason":null}]}\n\n'
+        stamped = b',"finish_reason":null}],"fake_recv_ns":%d,"fake_sent_ns":' % recv_ns
         write = resp.write
         if chat and plan.role:
             await write(head + b'"delta":{"role":"assistant","content":""}' + tail)
         for _ in range(plan.keepalive):
             await write(b": keep-alive\n\n")
             await write(head + (b'"delta":{"content":""}' if chat else b'"text":""') + tail)
-        await asyncio.sleep(plan.ttft_s)
+        # Absolute schedule: token i is due at `due + i*itl`, so lateness never accumulates.
+        due, itl_ns = recv_ns + int(plan.ttft_s * 1e9), int(plan.itl_s * 1e9)
+        await self._sleep_until(due)
         if plan.fault == "stall_first":
             await asyncio.sleep(plan.stall_s)
+            due = time.monotonic_ns()
         for i in range(plan.tokens):
             if i:
-                await asyncio.sleep(plan.itl_s)
+                due += itl_ns
+                await self._sleep_until(due)
             if i == plan.cut_after and plan.fault in ("cut", "malformed", "stall_mid"):
                 if plan.fault == "malformed":
                     await write(b'data: {"id": "broken", "choices": [\n\n')
                     continue
                 if plan.fault == "stall_mid":
                     await asyncio.sleep(plan.stall_s)
+                    due = time.monotonic_ns()
                 else:  # cut: no terminating chunk, the client sees an incomplete body
                     if request.transport is not None:
                         request.transport.abort()
                     return
-            await write(head + self._piece(i, plan, chat) + tail)
+            piece = head + self._piece(i, plan, chat)
+            if plan.stamp or (i == 0 and self._stamp_log is not None):
+                sent = time.monotonic_ns()  # taken last: resp.write hands it to the socket now
+                await write(piece + (stamped + b"%d}\n\n" % sent if plan.stamp else tail))
+                if i == 0 and self._stamp_log is not None:  # after the send: off its path
+                    self._stamp_log.write(request.headers.get("x-request-id", ""), recv_ns, sent)
+            else:
+                await write(piece + tail)
         fin = {"index": 0, "finish_reason": plan.finish_reason}
         fin.update({"delta": {}} if chat else {"text": ""})
         await write(_sse({"id": cid, "object": obj, "created": int(time.time()), "model": model,
@@ -434,15 +494,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--itl-ms", type=float, default=10.0)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--model", default="fake-model")
+    p.add_argument("--precise-timers", action="store_true",
+                   help="exact delays: wait on a timerfd, not the loop's 1 ms timer")
+    p.add_argument("--stamp", action="store_true",
+                   help="fake_recv_ns / fake_sent_ns (CLOCK_MONOTONIC) on every content chunk")
+    p.add_argument("--stamp-log", default="", metavar="PATH",
+                   help="append one JSONL line per stream: request id, receipt, first send")
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="event loop (uvloop falls back to asyncio when not installed)")
     a = p.parse_args(argv)
     cfg = FakeConfig(host=a.host, port=a.port, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
-                     tokens=a.tokens, model=a.model, record_limit=100)
+                     tokens=a.tokens, model=a.model, record_limit=100,
+                     precise_timers=a.precise_timers, stamp=a.stamp, stamp_log=a.stamp_log)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(cfg))
-    else:
+        uvloop = None  # type: ignore[assignment]
+    if a.loop == "uvloop" and uvloop is not None:
         uvloop.run(_serve(cfg))
+    else:
+        asyncio.run(_serve(cfg))
 
 
 async def _serve(cfg: FakeConfig) -> None:
