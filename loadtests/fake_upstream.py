@@ -62,11 +62,9 @@ Recording (for tests): ``FakeUpstream.received`` holds the last ``record_limit``
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
-import threading
 import time
 import uuid
 from collections import deque
@@ -102,12 +100,13 @@ class FakeConfig:
     model: str = "fake-model"
     record_limit: int = 1000  # bounded: benches send 100k requests
     precise_timers: bool = False  # timerfd waits: exact delays (accuracy bench)
+    finish_us: float = 300.0  # precise mode: last part of the TTFT wait spent yielding
     stamp: bool = False  # fake_recv_ns / fake_sent_ns on every content chunk
     stamp_log: str = ""  # JSONL path: one line per stream at its first content
 
     def __post_init__(self) -> None:
-        if self.ttft_ms < 0 or self.itl_ms < 0 or self.tokens < 0:
-            raise ValueError("ttft_ms, itl_ms and tokens must be >= 0")
+        if self.ttft_ms < 0 or self.itl_ms < 0 or self.tokens < 0 or self.finish_us < 0:
+            raise ValueError("ttft_ms, itl_ms, tokens and finish_us must be >= 0")
 
 
 @dataclass
@@ -196,7 +195,7 @@ class FakeUpstream:
 
     async def start(self) -> str:
         if self.config.precise_timers and precise_timers_available():
-            self._timer = PreciseTimer()  # on the loop that serves requests
+            self._timer = PreciseTimer(self.config.finish_us)  # on the serving loop
         if self.config.stamp_log:
             self._stamp_log = StampLog(self.config.stamp_log)
         # handler_cancellation: a client that goes away during a stall cancels the handler,
@@ -226,9 +225,9 @@ class FakeUpstream:
         """Whether delays use the timerfd (``precise_timers`` asked and available)."""
         return self._timer is not None
 
-    async def _sleep_until(self, deadline_ns: int) -> None:
+    async def _sleep_until(self, deadline_ns: int, finish: bool = False) -> None:
         if self._timer is not None:
-            await self._timer.sleep_until(deadline_ns)
+            await self._timer.sleep_until(deadline_ns, finish)
         else:
             await loop_sleep_until(deadline_ns)
 
@@ -396,7 +395,7 @@ class FakeUpstream:
             await write(head + (b'"delta":{"content":""}' if chat else b'"text":""') + tail)
         # Absolute schedule: token i is due at `due + i*itl`, so lateness never accumulates.
         due, itl_ns = recv_ns + int(plan.ttft_s * 1e9), int(plan.itl_s * 1e9)
-        await self._sleep_until(due)
+        await self._sleep_until(due, finish=True)
         if plan.fault == "stall_first":
             await asyncio.sleep(plan.stall_s)
             due = time.monotonic_ns()
@@ -451,80 +450,10 @@ class FakeUpstream:
         return f'"delta":{{"content":"{word}"}}'.encode()
 
 
-def run_in_thread(config: FakeConfig | None = None,
-                  timeout_s: float = 10.0) -> tuple[str, Callable[[], None]]:
-    """Start a FakeUpstream on its own event loop thread; returns (base_url, stop)."""
-    fake = FakeUpstream(config)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict[str, Any] = {}
+# The thread helper and the CLI live in loadtests/fake_cli.py (kept importable from here).
+from loadtests.fake_cli import main, run_in_thread  # noqa: E402  (after FakeUpstream exists)
 
-    def _run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            box["url"] = loop.run_until_complete(fake.start())
-        except BaseException as exc:  # surface bind errors to the caller
-            box["error"] = exc
-            ready.set()
-            return
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(fake.stop())
-        loop.close()
-
-    thread = threading.Thread(target=_run, name="fake-upstream", daemon=True)
-    thread.start()
-    if not ready.wait(timeout_s) or "error" in box:
-        raise RuntimeError(f"fake upstream did not start: {box.get('error')}")
-
-    def stop() -> None:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout_s)
-
-    stop.fake = fake  # type: ignore[attr-defined]  # lets callers inspect .received/.stats
-    return box["url"], stop
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m loadtests.fake_upstream", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0 = any free port")
-    p.add_argument("--ttft-ms", type=float, default=100.0)
-    p.add_argument("--itl-ms", type=float, default=10.0)
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--model", default="fake-model")
-    p.add_argument("--precise-timers", action="store_true",
-                   help="exact delays: wait on a timerfd, not the loop's 1 ms timer")
-    p.add_argument("--stamp", action="store_true",
-                   help="fake_recv_ns / fake_sent_ns (CLOCK_MONOTONIC) on every content chunk")
-    p.add_argument("--stamp-log", default="", metavar="PATH",
-                   help="append one JSONL line per stream: request id, receipt, first send")
-    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
-                   help="event loop (uvloop falls back to asyncio when not installed)")
-    a = p.parse_args(argv)
-    cfg = FakeConfig(host=a.host, port=a.port, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
-                     tokens=a.tokens, model=a.model, record_limit=100,
-                     precise_timers=a.precise_timers, stamp=a.stamp, stamp_log=a.stamp_log)
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None  # type: ignore[assignment]
-    if a.loop == "uvloop" and uvloop is not None:
-        uvloop.run(_serve(cfg))
-    else:
-        asyncio.run(_serve(cfg))
-
-
-async def _serve(cfg: FakeConfig) -> None:
-    fake = FakeUpstream(cfg)
-    url = await fake.start()
-    print(f"listening {url}", flush=True)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await fake.stop()
-
+__all__ = ["FakeConfig", "FakeUpstream", "Received", "Stats", "main", "run_in_thread"]
 
 if __name__ == "__main__":
     try:

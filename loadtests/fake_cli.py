@@ -1,0 +1,101 @@
+"""The fake upstream's thread helper and command line (``python -m loadtests.fake_upstream``).
+
+Imports ``loadtests.fake_upstream`` lazily: that module re-exports ``run_in_thread`` and
+``main`` from here, so a top-level import would be circular.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from loadtests.fake_upstream import FakeConfig
+
+
+def _doc() -> str | None:
+    from loadtests import fake_upstream
+    return fake_upstream.__doc__
+
+
+def run_in_thread(config: FakeConfig | None = None,
+                  timeout_s: float = 10.0) -> tuple[str, Callable[[], None]]:
+    """Start a FakeUpstream on its own event loop thread; returns (base_url, stop)."""
+    from loadtests.fake_upstream import FakeUpstream
+    fake = FakeUpstream(config)
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def _run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            box["url"] = loop.run_until_complete(fake.start())
+        except BaseException as exc:  # surface bind errors to the caller
+            box["error"] = exc
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(fake.stop())
+        loop.close()
+
+    thread = threading.Thread(target=_run, name="fake-upstream", daemon=True)
+    thread.start()
+    if not ready.wait(timeout_s) or "error" in box:
+        raise RuntimeError(f"fake upstream did not start: {box.get('error')}")
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout_s)
+
+    stop.fake = fake  # type: ignore[attr-defined]  # lets callers inspect .received/.stats
+    return box["url"], stop
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m loadtests.fake_upstream", description=_doc(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 = any free port")
+    p.add_argument("--ttft-ms", type=float, default=100.0)
+    p.add_argument("--itl-ms", type=float, default=10.0)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--precise-timers", action="store_true",
+                   help="exact delays: wait on a timerfd, not the loop's 1 ms timer")
+    p.add_argument("--finish-us", type=float, default=300.0,
+                   help="precise mode: wake this early for the first content, yield to the "
+                        "deadline (covers the OS wake-up latency; 0 = off)")
+    p.add_argument("--stamp", action="store_true",
+                   help="fake_recv_ns / fake_sent_ns (CLOCK_MONOTONIC) on every content chunk")
+    p.add_argument("--stamp-log", default="", metavar="PATH",
+                   help="append one JSONL line per stream: request id, receipt, first send")
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="event loop (uvloop falls back to asyncio when not installed)")
+    a = p.parse_args(argv)
+    from loadtests.fake_upstream import FakeConfig
+    cfg = FakeConfig(host=a.host, port=a.port, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
+                     tokens=a.tokens, model=a.model, record_limit=100,
+                     precise_timers=a.precise_timers, finish_us=a.finish_us, stamp=a.stamp,
+                     stamp_log=a.stamp_log)
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None  # type: ignore[assignment]
+    if a.loop == "uvloop" and uvloop is not None:
+        uvloop.run(_serve(cfg))
+    else:
+        asyncio.run(_serve(cfg))
+
+
+async def _serve(cfg: FakeConfig) -> None:
+    from loadtests.fake_upstream import FakeUpstream
+    fake = FakeUpstream(cfg)
+    url = await fake.start()
+    print(f"listening {url}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await fake.stop()
