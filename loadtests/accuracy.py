@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loop-timers", action="store_true",
                    help="run the fake without --precise-timers (the earlier, ~1 ms late fake)")
     p.add_argument("--fake-loop", choices=("uvloop", "asyncio"), default="uvloop")
+    p.add_argument("--fake-args", default="",
+                   help="more fake upstream flags, e.g. '--finish-us 0 --itl-grid-us 0'")
     p.add_argument("--out", default="runs/accuracy")
     p.add_argument("--json", default=None, help="write the results here too")
     a = p.parse_args(argv)
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(stamp_log):
         os.remove(stamp_log)
     extra = ("--stamp-log", stamp_log, "--loop", a.fake_loop,
-             *(() if a.loop_timers else ("--precise-timers",)))
+             *(() if a.loop_timers else ("--precise-timers",)), *a.fake_args.split())
     fake, url = start_fake(a.ttft_ms, a.itl_ms, a.tokens, extra)
     try:
         ref_samples = reference_errors(url, a.reference_requests, a.ttft_ms, a.tokens)
@@ -246,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
               "load_average": os.getloadavg(), "injected": {"ttft_ms": a.ttft_ms,
                                                             "itl_ms": a.itl_ms,
                                                             "tokens": a.tokens},
-              "fake": {"precise_timers": not a.loop_timers, "loop": a.fake_loop},
+              "fake": {"precise_timers": not a.loop_timers, "loop": a.fake_loop,
+                       "args": a.fake_args},
               "reference_client_error_ms": ref.to_dict(),
               "reference_client_error_vs_sent_ms": _ms(ref_samples, "vs_sent"),
               "reference_client_fake_late_ms": _ms(ref_samples, "fake_late"),

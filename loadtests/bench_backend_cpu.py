@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         result.update(asyncio.run(measure(base, model, hf, prompts, args)))
         result["backend"].update(command=f"python -m backend --model {args.model} "
                                          f"{args.backend_args}".strip(),
-                                 attention_kernel=health["attention_kernel"])
+                                 attention_kernel=health["attention_kernel"], dtype=health.get("dtype"))
         if hf:
             result["transformers"]["version"] = hf.version
     finally:

@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--finish-us", type=float, default=300.0,
                    help="precise mode: wake this early for the first content, yield to the "
                         "deadline (covers the OS wake-up latency; 0 = off)")
+    p.add_argument("--itl-grid-us", type=float, default=250.0,
+                   help="precise mode: later tokens' deadlines round up to this grid so streams "
+                        "share wake-ups (never early, at most this late; 0 = exact)")
     p.add_argument("--stamp", action="store_true",
                    help="fake_recv_ns / fake_sent_ns (CLOCK_MONOTONIC) on every content chunk")
     p.add_argument("--stamp-log", default="", metavar="PATH",
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = FakeConfig(host=a.host, port=a.port, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
                      tokens=a.tokens, model=a.model, record_limit=100,
                      precise_timers=a.precise_timers, finish_us=a.finish_us, stamp=a.stamp,
+                     itl_grid_ns=int(a.itl_grid_us * 1000),
                      stamp_log=a.stamp_log)
     try:
         import uvloop

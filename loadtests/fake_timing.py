@@ -79,7 +79,11 @@ class PreciseTimer:
         self._loop.add_reader(fd, self._on_fire)
         self.wakeups = 0  # fd wake-ups so far (a cost measure)
 
-    async def sleep_until(self, deadline_ns: int, finish: bool = False) -> None:
+    async def sleep_until(self, deadline_ns: int, finish: bool = False, grid_ns: int = 0) -> None:
+        """``grid_ns`` > 0 rounds the deadline *up* to a multiple of it: sleepers due within
+        the same slot share one wake-up (many streams' tokens), at most ``grid_ns`` late."""
+        if grid_ns > 0:
+            deadline_ns = -(-deadline_ns // grid_ns) * grid_ns
         wake_ns = deadline_ns - self.finish_ns if finish else deadline_ns
         if wake_ns > time.monotonic_ns():
             fut: asyncio.Future[None] = self._loop.create_future()

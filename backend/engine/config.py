@@ -11,7 +11,7 @@ _KV_DTYPES = ("auto", "int8", "fp8_e4m3")
 @dataclass(frozen=True)
 class EngineConfig:
     device: str = "cpu"  # "cpu", "cuda", "cuda:1" ...
-    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    dtype: str = "auto"  # auto = bfloat16 on CUDA and on CPUs with native bf16, else float32
     max_num_seqs: int = 64  # most sequences in one step
     max_num_batched_tokens: int = 2048  # token budget of one step (decodes + prefill chunks)
     scheduling: str = "continuous"  # or "static": a batch is formed and runs to completion

@@ -149,7 +149,8 @@ class LLMEngine:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting),
                            bm.num_used, bm.num_blocks, self.scheduler.preemptions_total,
                            self.prompt_tokens_total, self.generation_tokens_total,
-                           self.runner.attention_kernel)
+                           self.runner.attention_kernel,
+                           str(self.runner.dtype).removeprefix("torch."))
 
     @torch.inference_mode()
     def score(self, token_ids: list[int]) -> torch.Tensor:

@@ -36,6 +36,7 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     attention_kernel: str  # the SDPA backend that really ran, e.g. "flash", "math"
+    dtype: str = ""  # the model dtype "auto" resolved to (it differs by device and CPU)
 
 
 @dataclass

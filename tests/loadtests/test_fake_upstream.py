@@ -10,6 +10,7 @@ import time
 import aiohttp
 import pytest
 
+from loadtests.fake_timing import PreciseTimer, precise_timers_available
 from loadtests.fake_upstream import FakeConfig, FakeUpstream, run_in_thread
 
 
@@ -166,6 +167,94 @@ def test_run_in_thread_and_cli():
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=5) as r:
             assert json.loads(r.read())["usage"]["completion_tokens"] == 3
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# ---- precise timers and stamps (accuracy benchmark) ----------------------------------------
+precise = pytest.mark.skipif(not precise_timers_available(), reason="timerfd is Linux-only")
+
+
+@precise
+async def test_precise_mode_first_content_on_time_and_stamped(tmp_path):
+    log = tmp_path / "stamps.jsonl"
+    f = FakeUpstream(FakeConfig(ttft_ms=50, itl_ms=5, tokens=3, precise_timers=True,
+                                stamp=True, stamp_log=str(log)))
+    await f.start()
+    try:
+        assert f.precise
+        late_ms, client_ms = [], []
+        async with aiohttp.ClientSession() as s:
+            for i in range(3):
+                async with s.post(f.base_url + "/v1/chat/completions", json=_chat(),
+                                  headers={"x-request-id": f"rid-{i}"}) as r:
+                    ev = await _events(r)
+                chunks = [json.loads(d) for _, d in ev[:-1]]
+                assert "fake_sent_ns" not in chunks[0]  # role chunk: not content
+                content = chunks[1:4]
+                recv = content[0]["fake_recv_ns"]
+                sent = [c["fake_sent_ns"] for c in content]
+                # Never early, on the absolute schedule: token k at recv + ttft + k*itl.
+                for k, t in enumerate(sent):
+                    assert t - recv >= (50 + 5 * k) * 1e6
+                late_ms.append((sent[0] - recv) / 1e6 - 50)
+                client_ms.append(ev[1][0] * 1000)
+    finally:
+        await f.stop()
+    assert min(client_ms) >= 50  # the client started its clock before the fake's receipt
+    # Generous bounds (a loaded 2-core CI box): typically < 0.1 ms late and < 2 ms on the client.
+    assert sorted(late_ms)[1] < 20 and sorted(client_ms)[1] < 50 + 100
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["request_id"] for x in lines] == ["rid-0", "rid-1", "rid-2"]
+    assert all(x["first_sent_ns"] - x["recv_ns"] >= 50e6 for x in lines)
+    assert all(set(x) == {"request_id", "recv_ns", "first_sent_ns", "recv_unix_ns",
+                          "first_sent_unix_ns"} for x in lines)
+
+
+async def test_stamp_is_per_request_and_off_by_default(fake):
+    async with aiohttp.ClientSession() as s:
+        async with s.post(fake.base_url + "/v1/completions",
+                          json={"prompt": "x", "stream": True,
+                                "fake": {"stamp": True, "ttft_ms": 0, "itl_ms": 0}}) as r:
+            stamped = [json.loads(d) for _, d in await _events(r) if d != "[DONE]"]
+        async with s.post(fake.base_url + "/v1/chat/completions",
+                          json=_chat(fake={"ttft_ms": 0, "itl_ms": 0})) as r:
+            plain = [d for _, d in await _events(r)]
+    assert all("fake_sent_ns" in c and "fake_recv_ns" in c for c in stamped[:6])
+    assert "fake_sent_ns" not in stamped[6]  # the finish chunk carries no stamp
+    assert not any("fake_sent_ns" in d for d in plain)
+
+
+@precise
+async def test_precise_timer_cancelled_sleeper_does_not_block_others():
+    timer = PreciseTimer(finish_us=0)
+    try:
+        t0 = time.monotonic_ns()
+        first = asyncio.ensure_future(timer.sleep_until(t0 + 20_000_000))
+        await asyncio.sleep(0)
+        first.cancel()
+        await timer.sleep_until(t0 + 30_000_000)
+        assert time.monotonic_ns() - t0 >= 30_000_000
+        await timer.sleep_until(t0)  # past deadline: returns at once
+    finally:
+        timer.close()
+
+
+def test_cli_precise_flags():
+    proc = subprocess.Popen([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
+                             "--ttft-ms", "5", "--itl-ms", "0", "--tokens", "2",
+                             "--precise-timers", "--stamp", "--loop", "asyncio"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening http://127.0.0.1:")
+        import urllib.request
+        req = urllib.request.Request(line.split()[1] + "/v1/completions",
+                                     data=b'{"prompt": "a", "stream": true}',
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert b'"fake_sent_ns":' in r.read()
     finally:
         proc.terminate()
         proc.wait(10)

@@ -58,7 +58,10 @@ def test_cli_serves_and_stops_on_sigterm():
         assert line.startswith("backend ready on http://127.0.0.1:"), line
         base = line.split()[-1]
         with urllib.request.urlopen(f"{base}/health", timeout=30) as r:
-            assert json.load(r)["max_model_len"] == 128
+            health = json.load(r)
+        assert health["max_model_len"] == 128
+        # "auto" resolves per device and CPU; /health must say what it became
+        assert health["dtype"] in ("float32", "bfloat16") and health["kv_cache_dtype"] == "auto"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
