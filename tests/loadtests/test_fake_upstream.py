@@ -22,8 +22,9 @@ async def fake():
     await f.stop()
 
 
-async def _events(resp: aiohttp.ClientResponse) -> list[tuple[float, str]]:
-    t0 = time.perf_counter()
+async def _events(resp: aiohttp.ClientResponse,
+                  t0: float | None = None) -> list[tuple[float, str]]:
+    t0 = time.perf_counter() if t0 is None else t0
     out = []
     async for line in resp.content:
         line = line.strip()
@@ -187,9 +188,10 @@ async def test_precise_mode_first_content_on_time_and_stamped(tmp_path):
         late_ms, client_ms = [], []
         async with aiohttp.ClientSession() as s:
             for i in range(3):
+                t0 = time.perf_counter()  # before the request: the fake receives it later
                 async with s.post(f.base_url + "/v1/chat/completions", json=_chat(),
                                   headers={"x-request-id": f"rid-{i}"}) as r:
-                    ev = await _events(r)
+                    ev = await _events(r, t0)
                 chunks = [json.loads(d) for _, d in ev[:-1]]
                 assert "fake_sent_ns" not in chunks[0]  # role chunk: not content
                 content = chunks[1:4]
