@@ -24,23 +24,11 @@ free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1
 BACKEND_PORT=${BACKEND_PORT:-$(free_port)}
 GATEWAY_PORT=${GATEWAY_PORT:-$(free_port)}
 
+# shellcheck source=deploy/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+WAIT_PREFIX="demo: " WAIT_EXIT_HINT=" (see $OUT/*.log)"
 pids=()
-stop() {
-  trap - INT TERM EXIT
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
 trap stop INT TERM EXIT
-
-wait_for() {  # url, seconds, pid
-  local url=$1 secs=$2 pid=$3
-  for _ in $(seq 1 "$((secs * 2))"); do
-    if ! kill -0 "$pid" 2>/dev/null; then echo "demo: process for $url exited (see $OUT/*.log)" >&2; return 1; fi
-    if "$PYTHON" -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)" "$url" 2>/dev/null; then return 0; fi
-    sleep 0.5
-  done
-  echo "demo: timed out waiting for $url" >&2; return 1
-}
 
 cat > "$OUT/gateway.yaml" <<YAML
 listen: {host: 127.0.0.1, port: $GATEWAY_PORT}

@@ -16,23 +16,10 @@ if [ -z "${GATEWAY_API_KEY:-}" ]; then
   echo "GATEWAY_API_KEY is not set: using the development key documented in README.md"
 fi
 
+# shellcheck source=deploy/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 pids=()
-stop() {
-  trap - INT TERM EXIT
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
 trap stop INT TERM EXIT
-
-wait_for() {  # url, seconds, pid
-  local url=$1 secs=$2 pid=$3
-  for _ in $(seq 1 "$((secs * 2))"); do
-    if ! kill -0 "$pid" 2>/dev/null; then echo "process for $url exited" >&2; return 1; fi
-    if "$PYTHON" -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)" "$url" 2>/dev/null; then return 0; fi
-    sleep 0.5
-  done
-  echo "timed out waiting for $url" >&2; return 1
-}
 
 "$PYTHON" -m backend --model smollm2-135m-instruct --host 127.0.0.1 --port "$BACKEND_PORT" $BACKEND_ARGS &
 pids+=($!)

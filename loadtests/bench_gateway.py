@@ -19,7 +19,6 @@ Raw samples' percentiles (with counts) and settings go to ``<out>/gateway-<phase
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import subprocess
@@ -29,117 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-KEY = "bench-key-not-secret"
-
-
-# ---- statistics -------------------------------------------------------------------------------
-def pct(samples: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile of raw samples (q in 0..100)."""
-    if not samples:
-        return None
-    s = sorted(samples)
-    k = (len(s) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def summary(samples: list[float]) -> dict[str, Any]:
-    ms = [x * 1000 for x in samples]
-    return {"n": len(ms), **{f"p{q}_ms": _r(pct(ms, q)) for q in (50, 90, 99)},
-            "max_ms": _r(max(ms) if ms else None),
-            "mean_ms": _r(sum(ms) / len(ms) if ms else None)}
-
-
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
-
-
-# ---- load client (runs in its own process) -----------------------------------------------------
-def _is_content(line: bytes) -> bool:
-    try:
-        obj = json.loads(line[5:])
-    except ValueError:
-        return False
-    for c in obj.get("choices") or ():
-        d = c.get("delta") or {}
-        if c.get("text") or d.get("content") or d.get("reasoning_content") or d.get("tool_calls"):
-            return True
-    return False
-
-
-async def _one(session: aiohttp.ClientSession, url: str, payload: bytes,
-               headers: dict[str, str]) -> tuple[float | None, float | None, str | None]:
-    t0 = time.perf_counter()
-    ttft = None
-    done = False
-    try:
-        async with session.post(url, data=payload, headers=headers) as r:
-            if r.status != 200:
-                await r.read()
-                return None, None, f"http_{r.status}"
-            async for line in r.content:
-                if line.startswith(b"data:"):
-                    if ttft is None and _is_content(line):
-                        ttft = time.perf_counter() - t0
-                    elif line.startswith(b"data: [DONE]"):
-                        done = True
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        return None, None, type(exc).__name__
-    e2e = time.perf_counter() - t0
-    return ttft, e2e, None if done and ttft is not None else "incomplete"
-
-
-async def run_client(url: str, model: str, concurrency: int, requests: int, warmup: int,
-                     body_extra: dict[str, Any], spread_s: float = 0.0) -> dict[str, Any]:
-    """Closed loop: ``concurrency`` workers share ``warmup`` + ``requests`` streams."""
-    payload = json.dumps({"model": model, "stream": True, "max_tokens": 64,
-                          "messages": [{"role": "user", "content": "Say something long."}],
-                          **body_extra}).encode()
-    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
-    conn = aiohttp.TCPConnector(limit=0, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=300)
-    ttfts: list[float] = []
-    e2es: list[float] = []
-    errors: dict[str, int] = {}
-    total = warmup + requests
-    started = [0]
-    t_start = [0.0]
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
-
-        async def worker(k: int) -> None:
-            # Stagger the first requests over one stream's length: a closed loop that starts
-            # all workers at once sends synchronized bursts no real client population sends.
-            await asyncio.sleep(k * spread_s / concurrency)
-            while started[0] < total:
-                idx = started[0]
-                started[0] += 1
-                if idx == warmup:
-                    t_start[0] = time.perf_counter()
-                ttft, e2e, err = await _one(session, url, payload, headers)
-                if idx < warmup:
-                    continue
-                if err:
-                    errors[err] = errors.get(err, 0) + 1
-                else:
-                    ttfts.append(ttft)  # type: ignore[arg-type]
-                    e2es.append(e2e)  # type: ignore[arg-type]
-
-        await asyncio.gather(*(worker(k) for k in range(concurrency)))
-        wall = time.perf_counter() - t_start[0]
-    return {"concurrency": concurrency, "requests": requests, "wall_s": round(wall, 3),
-            "req_per_s": round(len(e2es) / wall, 2), "errors": errors,
-            "ttft": summary(ttfts), "e2e": summary(e2es)}
-
-
-def client_main(a: argparse.Namespace) -> None:
-    import uvloop
-    extra = json.loads(a.body_extra)
-    out = uvloop.run(run_client(a.url, a.model, a.concurrency, a.requests, a.warmup, extra,
-                                a.spread_s))
-    print(json.dumps(out), flush=True)
+from loadtests.bench_gateway_client import KEY, client_main, summary
 
 
 # ---- process helpers --------------------------------------------------------------------------

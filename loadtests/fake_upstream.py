@@ -45,11 +45,13 @@ stamp              true: every content chunk carries ``fake_recv_ns`` (the reque
                    and ``fake_sent_ns`` (this chunk's send), ``time.monotonic_ns()`` values
 =================  =========================================================================
 
-Timing. Delays run on an absolute schedule from the request's receipt (handler entry): first
-content at receipt + ``ttft_ms``, token i at that + i x ``itl_ms`` (no drift). By default the
-event loop's timer waits, which ends up to ~1.2 ms late (uvloop: 1 ms granularity).
-``precise_timers`` (CLI ``--precise-timers``) waits on a timerfd instead: never early, typically
-< 0.1 ms late, no busy waiting (see ``loadtests/fake_timing.py``). ``stamp_log`` (CLI
+Timing. The TTFT counts from the request's receipt (handler entry). By default the event loop's
+timer waits (uvloop: 1 ms granularity, so ~0.5–1.2 ms late) and every next token follows the
+previous one after ``itl_ms``. ``precise_timers`` (CLI ``--precise-timers``) waits on a timerfd
+instead, never early: the first content finishes its wait yielding for the last ``finish_us``
+(300) µs, so it leaves ~0.02 ms after its deadline; token i is then due at the first send +
+i x ``itl_ms`` (no drift), rounded up to an ``itl_grid_ns`` (0.25 ms) grid to share wake-ups
+(see ``loadtests/fake_timing.py``). ``--loop asyncio`` runs the CLI on asyncio. ``stamp_log`` (CLI
 ``--stamp-log PATH``) appends one JSONL line per stream at its first content: request id,
 receipt and first-send times (``StampLog``).
 
@@ -396,18 +398,22 @@ class FakeUpstream:
         for _ in range(plan.keepalive):
             await write(b": keep-alive\n\n")
             await write(head + (b'"delta":{"content":""}' if chat else b'"text":""') + tail)
-        # Absolute schedule: token i is due at `due + i*itl`, so lateness never accumulates.
         due, itl_ns = recv_ns + int(plan.ttft_s * 1e9), int(plan.itl_s * 1e9)
         await self._sleep_until(due, finish=True)
         if plan.fault == "stall_first":
             await asyncio.sleep(plan.stall_s)
             due = time.monotonic_ns()
         for i in range(plan.tokens):
-            if i:
+            if i and self._timer is None:
+                await asyncio.sleep(plan.itl_s)  # default: every gap >= itl, as it always was
+            elif i:
+                # Precise: token i due at first send + i*itl (no drift, mean gap >= itl). They
+                # share wake-ups on a grid (never early, <= grid late): one timerfd wake per
+                # token would double the fake's CPU at 256 streams.
                 due += itl_ns
-                # Tokens after the first share wake-ups on a grid (never early, <= grid late):
-                # one timerfd wake per token would double the fake's CPU at 256 streams.
                 await self._sleep_until(due, grid_ns=self.config.itl_grid_ns)
+            else:
+                due = time.monotonic_ns()  # the first content goes out now
             if i == plan.cut_after and plan.fault in ("cut", "malformed", "stall_mid"):
                 if plan.fault == "malformed":
                     await write(b'data: {"id": "broken", "choices": [\n\n')

@@ -14,7 +14,6 @@ Measures, for our engine (LLMEngine driven directly, no HTTP) and for transforme
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from backend.engine._tools import emit_json
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
@@ -124,10 +124,7 @@ def main(argv: list[str] | None = None) -> None:
               "transformers": {d: bench_transformers(source, args, d)
                                for d in args.hf_dtypes.split(",") if d}}
     result["load_after"] = os.getloadavg()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit_json(result, args.json)
 
 
 if __name__ == "__main__":

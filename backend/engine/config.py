@@ -1,8 +1,10 @@
 """Engine configuration (one frozen dataclass; unknown keys are rejected by name)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from backend.configutil import dataclass_from_dict
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _KV_DTYPES = ("auto", "int8", "fp8_e4m3")
@@ -40,11 +42,7 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EngineConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown EngineConfig keys: {', '.join(unknown)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 
+from backend.engine._tools import emit_json
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
@@ -86,10 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     result = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
               "correctness": correctness(), "decode_llama_2_7b_bf16": decode_speed()}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit_json(result, args.json)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,13 @@ reads it back (quantised on write, dequantised on read) for every attention call
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from backend.engine._tools import emit_json
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
@@ -95,10 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {"model": source.name, "text": str(EVAL_TEXT.name),
               "perplexity": perplexity_figures(source, EVAL_TEXT.read_text()),
               "greedy": greedy_agreement(source)}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit_json(result, args.json)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """Per-request sampling parameters (the engine enforces all of them except stop strings)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from backend.configutil import dataclass_from_dict
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,4 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SamplingParams":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown SamplingParams keys: {', '.join(unknown)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data)

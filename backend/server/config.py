@@ -1,9 +1,10 @@
 """Server configuration: one frozen dataclass; unknown keys are rejected by name."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
+from backend.configutil import check_keys
 from backend.engine.config import EngineConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -28,10 +29,7 @@ class ServerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ServerConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown ServerConfig keys: {', '.join(unknown)}")
+        check_keys(cls, data)
         data = dict(data)
         if isinstance(data.get("engine"), dict):
             data["engine"] = EngineConfig.from_dict(data["engine"])

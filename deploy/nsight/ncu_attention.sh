@@ -38,18 +38,16 @@ NCU_EXTRA=${NCU_EXTRA:-}
 REPLAY_ARGS=${REPLAY_ARGS:---device cuda --kv-cache-memory 2}
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
-case "${1:-}" in
-  -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
-  --) shift ;;
-esac
-if [ $# -eq 0 ]; then
+# shellcheck source=deploy/nsight/common.sh
+source "$HERE/common.sh"
+
+profiled_command "$@"
+if [ ${#CMD[@]} -eq 0 ]; then
   # shellcheck disable=SC2206  # REPLAY_ARGS is split on purpose
-  set -- "$PYTHON" "$HERE/replay.py" $REPLAY_ARGS
+  CMD=("$PYTHON" "$HERE/replay.py" $REPLAY_ARGS)
 fi
-if ! command -v "$NCU" >/dev/null 2>&1; then
-  echo "ncu_attention.sh: '$NCU' not found; install Nsight Compute or set NCU=/path/to/ncu" >&2
-  exit 127
-fi
+set -- "${CMD[@]}"
+require_tool ncu_attention.sh "$NCU" "install Nsight Compute or set NCU=/path/to/ncu"
 
 mkdir -p "$OUT_DIR"
 report="$OUT_DIR/$NAME"
@@ -63,10 +61,8 @@ fi
 [ -n "$NCU_EXTRA" ] && args+=($NCU_EXTRA)
 
 echo "+ $NCU ${args[*]} $*" >&2
-set +e
-"$NCU" "${args[@]}" "$@" 2>&1 | tee "$report.log"
-rc=${PIPESTATUS[0]}
-set -e
+run_logged "$report.log" "$NCU" "${args[@]}" "$@"
+rc=$RC
 if grep -q "ERR_NVGPUCTRPERM" "$report.log"; then
   echo "ncu_attention.sh: no access to GPU performance counters. On the host: run as root or set" \
        "NVreg_RestrictProfilingToAdminUsers=0; in a container: --cap-add SYS_ADMIN" \

@@ -36,18 +36,16 @@ NSYS_EXTRA=${NSYS_EXTRA:-}
 REPLAY_ARGS=${REPLAY_ARGS:---device cuda}
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
-case "${1:-}" in
-  -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
-  --) shift ;;
-esac
-if [ $# -eq 0 ]; then
+# shellcheck source=deploy/nsight/common.sh
+source "$HERE/common.sh"
+
+profiled_command "$@"
+if [ ${#CMD[@]} -eq 0 ]; then
   # shellcheck disable=SC2206  # REPLAY_ARGS is split on purpose
-  set -- "$PYTHON" "$HERE/replay.py" --nvtx-prefix "$NVTX_PREFIX" $REPLAY_ARGS
+  CMD=("$PYTHON" "$HERE/replay.py" --nvtx-prefix "$NVTX_PREFIX" $REPLAY_ARGS)
 fi
-if ! command -v "$NSYS" >/dev/null 2>&1; then
-  echo "nsys_profile.sh: '$NSYS' not found; install Nsight Systems or set NSYS=/path/to/nsys" >&2
-  exit 127
-fi
+set -- "${CMD[@]}"
+require_tool nsys_profile.sh "$NSYS" "install Nsight Systems or set NSYS=/path/to/nsys"
 
 mkdir -p "$OUT_DIR"
 report="$OUT_DIR/$NAME"
@@ -62,10 +60,8 @@ args=(--trace="$TRACE" --sample="$SAMPLE" --cuda-graph-trace="$CUDA_GRAPH_TRACE"
 [ -n "$NSYS_EXTRA" ] && args+=($NSYS_EXTRA)
 
 echo "+ $NSYS profile ${args[*]} $*" >&2
-set +e
-"$NSYS" profile "${args[@]}" "$@" 2>&1 | tee "$report.log"
-rc=${PIPESTATUS[0]}
-set -e
+run_logged "$report.log" "$NSYS" profile "${args[@]}" "$@"
+rc=$RC
 if [ ! -f "$report.nsys-rep" ]; then
   echo "nsys_profile.sh: no $report.nsys-rep (exit $rc). Did the program push the NVTX range" \
        "'${NVTX_PREFIX}:replay'? See $report.log" >&2
