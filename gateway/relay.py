@@ -14,11 +14,14 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 
 from gateway.errors import BadGateway, GatewayError, GatewayTimeout
 from gateway.record import RequestRecord
 from gateway.upstream import Opened
 
+# The C scanner json.loads itself ends in; it keeps no state between calls.
+_SCAN = json.JSONDecoder().scan_once
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8",
                "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -97,52 +100,94 @@ async def _fail(resp: web.StreamResponse, rec: RequestRecord, series: Any,
     rec.t_end_ns = time.perf_counter_ns()
 
 
+def _loads(payload: bytes) -> Any:
+    """``json.loads(payload)``, minus its Python-level wrappers (encoding sniffing, decode
+    and trailing-data checks cost as much as the C scan itself) for the usual UTF-8 object."""
+    if payload[:2] == b'{"':  # json.loads would pick UTF-8 for this start too
+        try:
+            text = payload.decode("utf-8", "surrogatepass")
+            obj, end = _SCAN(text, 0)
+            if end == len(text):  # payload is stripped: nothing may follow the object
+                return obj
+        except (ValueError, StopIteration):
+            pass
+    return json.loads(payload)  # the general case, and the exact error for bad input
+
+
+def _event(rec: RequestRecord, payload: bytes, strip_usage: bool) -> tuple[bytes | None, bool]:
+    """One ``data:`` payload -> (the event to send, or None to drop it; content-bearing?)."""
+    obj = _loads(payload)  # ValueError -> malformed SSE
+    if not isinstance(obj, dict):
+        raise ValueError("SSE data is not a JSON object")
+    if "error" in obj:  # the upstream reported a failure inside the stream
+        raise aiohttp.ClientPayloadError("upstream error event")
+    choices = obj.get("choices")
+    if "usage" in obj:
+        _note_usage(rec, obj)
+        if strip_usage:  # the client did not ask for usage: we injected it
+            if not choices:
+                return None, False
+            del obj["usage"]
+            payload = json.dumps(obj, separators=(",", ":")).encode()
+    _note_finish(rec, choices)
+    return b"data: " + payload + b"\n\n", _has_content(choices)
+
+
 async def _pump(resp: web.StreamResponse, opened: Opened, rec: RequestRecord, series: Any,
                 strip_usage: bool) -> None:
-    readline = opened.response.content.readline
+    content = opened.response.content
+    readany = content.readany
+    # readline() would cost one await per line, i.e. two per SSE event (data line + blank
+    # line); one readany() per arrival, split here, halves that. Same line-length limit.
+    max_line = getattr(content, "_high_water", 2 ** 17)
     write = resp.write
     clock = time.perf_counter_ns
     itl = series.itl
     done = False
+    buf = b""
     async with asyncio.timeout_at(opened.first_deadline) as deadline:
-        while True:
-            line = await readline()
-            t_read = clock()
-            if not line:
+        while not done:
+            data = await readany()
+            if data:
+                lines = (buf + data if buf else data).split(b"\n")
+                buf, eol = lines.pop(), b"\n"  # the unfinished tail (b"" after a newline)
+            elif buf:  # EOF after a line without its newline: relay it as readline would
+                lines, buf, eol = [buf], b"", b""
+            else:
                 break
-            if line[:5] != b"data:":
-                if line.strip():  # comments / event: / id: lines pass through unchanged
-                    await _write(write, line)
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                await _write(write, b"data: [DONE]\n\n")
-                done = True
+            for line in lines:
+                t_read = clock()
+                if len(line) >= max_line:
+                    raise LineTooLong(line[:100] + b"...", max_line)
+                if line[:5] != b"data:":
+                    if line.strip():  # comments / event: / id: lines pass through unchanged
+                        await _write(write, line + eol)
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    await _write(write, b"data: [DONE]\n\n")
+                    done = True
+                    break
+                out, has_content = _event(rec, payload, strip_usage)
+                if out is None:
+                    continue
+                try:  # inline _write: one coroutine less per event
+                    await write(out)
+                except ConnectionError:
+                    raise ClientGone() from None
+                t_written = clock()
+                rec.relay_ns += t_written - t_read
+                if has_content:
+                    first = rec.t_first_ns is None
+                    gap = rec.content(t_read, t_written)
+                    if first:
+                        deadline.reschedule(opened.total_deadline)
+                    elif gap is not None:
+                        itl.observe(gap / 1e9)
+            if not data:
                 break
-            obj = json.loads(payload)  # ValueError -> malformed SSE
-            if not isinstance(obj, dict):
-                raise ValueError("SSE data is not a JSON object")
-            if "error" in obj:  # the upstream reported a failure inside the stream
-                raise aiohttp.ClientPayloadError("upstream error event")
-            choices = obj.get("choices")
-            if "usage" in obj:
-                _note_usage(rec, obj)
-                if strip_usage:  # the client did not ask for usage: we injected it
-                    if not choices:
-                        continue
-                    del obj["usage"]
-                    payload = json.dumps(obj, separators=(",", ":")).encode()
-            _note_finish(rec, choices)
-            await _write(write, b"data: " + payload + b"\n\n")
-            t_written = clock()
-            rec.relay_ns += t_written - t_read
-            if _has_content(choices):
-                first = rec.t_first_ns is None
-                gap = rec.content(t_read, t_written)
-                if first:
-                    deadline.reschedule(opened.total_deadline)
-                elif gap is not None:
-                    itl.observe(gap / 1e9)
+            if len(buf) > max_line:
+                raise LineTooLong(buf[:100] + b"...", max_line)
     if not done and rec.finish_reason is None:
         raise aiohttp.ClientPayloadError("upstream stream ended before completion")
     if not done:  # finished cleanly but the upstream omitted [DONE]: clients expect it
