@@ -70,108 +70,15 @@ import sys
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
 
+from loadtests.fake_plan import (FAULTS, OPTION_TYPES, FakeConfig, Received, Stats, Plan,
+                                 prompt_tokens, sse)
 from loadtests.fake_timing import (PreciseTimer, StampLog, loop_sleep_until,
                                    precise_timers_available)
-
-def _flag(v: Any) -> bool:
-    return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes")
-
-
-_OPTION_TYPES: dict[str, Callable[[Any], Any]] = {
-    "ttft_ms": float, "itl_ms": float, "tokens": int, "fault": str, "fail_times": int,
-    "retry_after": float, "cut_after": int, "stall_s": float, "keepalive": int,
-    "no_role": _flag, "reasoning": int, "tool_calls": _flag, "stamp": _flag,
-}
-_FAULTS = {"", "401", "500", "502", "503", "429", "close", "cut", "malformed", "stall_first",
-           "stall_mid", "no_usage"}
-
-
-@dataclass(frozen=True)
-class FakeConfig:
-    host: str = "127.0.0.1"
-    port: int = 0
-    ttft_ms: float = 100.0
-    itl_ms: float = 10.0
-    tokens: int = 64
-    model: str = "fake-model"
-    record_limit: int = 1000  # bounded: benches send 100k requests
-    precise_timers: bool = False  # timerfd waits: exact delays (accuracy bench)
-    finish_us: float = 300.0  # precise mode: last part of the TTFT wait spent yielding
-    itl_grid_ns: int = 250_000  # precise mode: later tokens' deadlines round up to this grid
-    stamp: bool = False  # fake_recv_ns / fake_sent_ns on every content chunk
-    stamp_log: str = ""  # JSONL path: one line per stream at its first content
-
-    def __post_init__(self) -> None:
-        if self.ttft_ms < 0 or self.itl_ms < 0 or self.tokens < 0 or self.finish_us < 0 \
-                or self.itl_grid_ns < 0:
-            raise ValueError("ttft_ms, itl_ms, tokens, finish_us and itl_grid_ns must be >= 0")
-
-
-@dataclass
-class Received:
-    path: str
-    headers: CIMultiDict[str]  # case-insensitive, like HTTP
-    body: Any
-
-
-@dataclass
-class Stats:
-    requests: int = 0
-    open_streams: int = 0
-    completed_streams: int = 0
-    cancelled_streams: int = 0
-    attempts_by_id: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What to do for one request, after defaults and per-request options are merged."""
-    ttft_s: float
-    itl_s: float
-    tokens: int
-    finish_reason: str
-    fault: str
-    retry_after: float
-    cut_after: int
-    stall_s: float
-    keepalive: int
-    role: bool
-    reasoning: int
-    tool_calls: bool
-    include_usage: bool
-    stamp: bool
-
-
-def _words(text: str) -> list[str]:
-    return text.split()
-
-
-def _prompt_tokens(body: dict) -> list[str]:
-    if isinstance(body.get("messages"), list):
-        out: list[str] = []
-        for m in body["messages"]:
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, str):
-                out += _words(content)
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        out += _words(part["text"])
-        return out
-    prompt = body.get("prompt", "")
-    if isinstance(prompt, list):
-        prompt = " ".join(str(p) for p in prompt)
-    return _words(str(prompt))
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 class FakeUpstream:
@@ -245,22 +152,22 @@ class FakeUpstream:
     # ---- plan ------------------------------------------------------------------------------
     def _options(self, request: web.Request, body: dict) -> dict[str, Any]:
         opts: dict[str, Any] = {}
-        for name, conv in _OPTION_TYPES.items():
+        for name, conv in OPTION_TYPES.items():
             h = request.headers.get("x-fake-" + name.replace("_", "-"))
             if h is not None:
                 opts[name] = conv(h)
         fake = body.get("fake")
         if isinstance(fake, dict):
             for name, value in fake.items():
-                if name not in _OPTION_TYPES:
+                if name not in OPTION_TYPES:
                     raise web.HTTPBadRequest(text=f"unknown fake option {name!r}")
-                opts[name] = _OPTION_TYPES[name](value)
+                opts[name] = OPTION_TYPES[name](value)
         fault = str(opts.get("fault", ""))
-        if fault not in _FAULTS:
+        if fault not in FAULTS:
             raise web.HTTPBadRequest(text=f"unknown fault {fault!r}")
         return opts
 
-    def _plan(self, request: web.Request, body: dict) -> _Plan:
+    def _plan(self, request: web.Request, body: dict) -> Plan:
         o = self._options(request, body)
         c = self.config
         tokens = int(o.get("tokens", c.tokens))
@@ -277,7 +184,7 @@ class FakeUpstream:
             if seen > fail_times:
                 fault = ""
         so = body.get("stream_options")
-        return _Plan(
+        return Plan(
             ttft_s=float(o.get("ttft_ms", c.ttft_ms)) / 1000,
             itl_s=float(o.get("itl_ms", c.itl_ms)) / 1000,
             tokens=tokens, finish_reason=finish, fault=fault,
@@ -320,10 +227,10 @@ class FakeUpstream:
 
     async def _tokenize(self, request: web.Request) -> web.Response:
         body = await self._read(request)
-        toks = _prompt_tokens(body)
+        toks = prompt_tokens(body)
         return web.json_response({"tokens": toks, "count": len(toks)})
 
-    async def _fault_response(self, request: web.Request, plan: _Plan) -> web.Response | None:
+    async def _fault_response(self, request: web.Request, plan: Plan) -> web.Response | None:
         if plan.fault in ("401", "500", "502", "503", "429"):
             status = int(plan.fault)
             headers = {"Retry-After": f"{plan.retry_after:g}"} if status == 429 else None
@@ -343,7 +250,7 @@ class FakeUpstream:
         if faulted is not None:
             return faulted
         model = str(body.get("model") or self.config.model)
-        n_prompt = len(_prompt_tokens(body))
+        n_prompt = len(prompt_tokens(body))
         if body.get("stream"):
             return await self._stream(request, plan, model, n_prompt, chat, recv_ns)
         await self._sleep_until(recv_ns + int((plan.ttft_s + plan.itl_s * max(plan.tokens - 1, 0))
@@ -364,7 +271,7 @@ class FakeUpstream:
             out["usage"] = usage
         return web.json_response(out)
 
-    async def _stream(self, request: web.Request, plan: _Plan, model: str, n_prompt: int,
+    async def _stream(self, request: web.Request, plan: Plan, model: str, n_prompt: int,
                       chat: bool, recv_ns: int) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
@@ -383,7 +290,7 @@ class FakeUpstream:
                 self.stats.completed_streams += 1
         return resp
 
-    async def _emit(self, resp: web.StreamResponse, plan: _Plan, model: str, n_prompt: int,
+    async def _emit(self, resp: web.StreamResponse, plan: Plan, model: str, n_prompt: int,
                     chat: bool, request: web.Request, recv_ns: int) -> None:
         cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         # Pre-split template: each content chunk is one bytes concatenation, no json.dumps.
@@ -435,18 +342,18 @@ class FakeUpstream:
                 await write(piece + tail)
         fin = {"index": 0, "finish_reason": plan.finish_reason}
         fin.update({"delta": {}} if chat else {"text": ""})
-        await write(_sse({"id": cid, "object": obj, "created": int(time.time()), "model": model,
+        await write(sse({"id": cid, "object": obj, "created": int(time.time()), "model": model,
                           "choices": [fin]}))
         if plan.include_usage and plan.fault != "no_usage":
             usage = {"prompt_tokens": n_prompt, "completion_tokens": plan.tokens,
                      "total_tokens": n_prompt + plan.tokens}
-            await write(_sse({"id": cid, "object": obj, "created": int(time.time()),
+            await write(sse({"id": cid, "object": obj, "created": int(time.time()),
                               "model": model, "choices": [], "usage": usage}))
         await write(b"data: [DONE]\n\n")
         await resp.write_eof()
 
     @staticmethod
-    def _piece(i: int, plan: _Plan, chat: bool) -> bytes:
+    def _piece(i: int, plan: Plan, chat: bool) -> bytes:
         word = f"t{i} "
         if not chat:
             return f'"text":"{word}"'.encode()
