@@ -31,6 +31,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
+from loadtests.procs import stop_process
 from loadtests.records import read_records, summary_path
 from loadtests.stats import summarize
 
@@ -240,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                           stamp_log)
                 for mode in modes for i, u in enumerate(users)]
     finally:
-        fake.terminate()
-        fake.wait(10)
+        stop_process(fake, grace_s=10)
     result = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": f"{os.cpu_count()}-core {platform.machine()}, Python "
                          f"{platform.python_version()}",

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import aiohttp
 
+from loadtests.procs import stop_process
+
 WORDS = ("river mountain quiet engine paper window silver market garden planet signal "
          "winter harbor pencil forest kitchen bridge lantern coffee circle thunder valley "
          "rocket meadow copper island orange velvet castle shadow").split()
@@ -269,8 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         if hf:
             result["transformers"]["version"] = hf.version
     finally:
-        proc.terminate()
-        proc.wait(60)
+        stop_process(proc, grace_s=60)
     result["load_end"] = _load()
     result["summary"] = {k: _summary(result[k]) for k in ("backend", "transformers")
                          if k in result}

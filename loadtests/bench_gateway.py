@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.bench_gateway_client import KEY, client_main, summary
+from loadtests.procs import stop_process
 
 
 # ---- process helpers --------------------------------------------------------------------------
@@ -56,15 +57,6 @@ def _readline(p: subprocess.Popen, timeout: float) -> str:
     if not sel.select(timeout):
         return ""
     return p.stdout.readline().strip()  # type: ignore[union-attr]
-
-
-def _stop(p: subprocess.Popen) -> None:
-    p.terminate()
-    try:
-        p.wait(30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait(10)
 
 
 def _rss_mb(pid: int) -> float:
@@ -123,7 +115,7 @@ def _litellm(binary: str, upstream: str, tmp: Path, port: int,
                 return p
         except OSError:
             time.sleep(1)
-    _stop(p)
+    stop_process(p)
     raise RuntimeError("litellm did not become live in 180 s")
 
 
@@ -184,7 +176,7 @@ def phase_latency(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                       flush=True)
     finally:
         for p in procs.values():
-            _stop(p)
+            stop_process(p)
     return {"runs": runs, "added": _added(runs)}
 
 
@@ -255,8 +247,8 @@ def phase_rss_open(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         out, _ = client.communicate(timeout=120)
         result = json.loads(out.strip().splitlines()[-1])
     finally:
-        _stop(gw)
-        _stop(fake)
+        stop_process(gw)
+        stop_process(fake)
     return {"open_streams": n, "stream": "64 tokens, ITL 100 ms (6.4 s each)",
             "idle_rss_mb": idle, "peak_in_flight": peak_open,
             "rss_at_peak_in_flight_mb": rss_at_peak_open, "peak_rss_mb": peak_rss,
@@ -282,8 +274,8 @@ def phase_growth(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                            "req_per_s": r["req_per_s"]})
             print(f"[growth] {i * step} requests: RSS {points[-1]['rss_mb']} MB", flush=True)
     finally:
-        _stop(gw)
-        _stop(fake)
+        stop_process(gw)
+        stop_process(fake)
     return {"requests": a.growth_requests, "concurrency": a.growth_concurrency,
             "stream": f"{a.growth_tokens} tokens, TTFT 0, ITL 0", "errors": errors,
             "wall_s": round(time.time() - t0, 1), "points": points,

@@ -94,6 +94,13 @@ class FakeUpstream:
         self.base_url = ""
 
     # ---- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> "FakeUpstream":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         for prefix in ("/v1", ""):

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from loadtests.observe import wait_http_ok
+from loadtests.procs import stop_process
 
 
 class BackendProcess:
@@ -29,13 +30,8 @@ class BackendProcess:
                                f"{self.start_timeout_s:g} s; see {log_path}")
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(10)
+        if self._proc is not None:
+            stop_process(self._proc)
         self._proc = None
         if self._log is not None:
             self._log.close()

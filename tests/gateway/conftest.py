@@ -83,10 +83,8 @@ GatewayFactory = Callable[..., Awaitable[Gateway]]
 
 @pytest.fixture
 async def fake():
-    f = FakeUpstream(FakeConfig(ttft_ms=40, itl_ms=4, tokens=8))
-    await f.start()
-    yield f
-    await f.stop()
+    async with FakeUpstream(FakeConfig(ttft_ms=40, itl_ms=4, tokens=8)) as f:
+        yield f
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import pytest
 
 from loadtests.fake_upstream import FakeConfig, run_in_thread
+from loadtests.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT_PY = str(ROOT / "loadtests" / "chat.py")
@@ -59,16 +60,6 @@ def start_process(cmd: list[str], log: Path, env: dict | None = None,
                 return proc, line.split()[1]
     proc.kill()
     raise RuntimeError(f"{cmd} did not print 'listening URL' within {timeout_s}s")
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def gateway_config(path: Path, upstream: str, log_path: Path, model: str = "fast",

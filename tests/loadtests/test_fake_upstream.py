@@ -16,10 +16,8 @@ from loadtests.fake_upstream import FakeConfig, FakeUpstream, run_in_thread
 
 @pytest.fixture
 async def fake():
-    f = FakeUpstream(FakeConfig(ttft_ms=60, itl_ms=5, tokens=6))
-    await f.start()
-    yield f
-    await f.stop()
+    async with FakeUpstream(FakeConfig(ttft_ms=60, itl_ms=5, tokens=6)) as f:
+        yield f
 
 
 async def _events(resp: aiohttp.ClientResponse,

@@ -150,6 +150,18 @@ SP_CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello
              "def add(a, b):\n    return a + b", "Paris is the capital of France."] * 30
 
 
+def _tiny_llama_writer(path, tokenizer_model: str) -> "gguf.GGUFWriter":
+    """A writer with the hyper-parameters of the one-layer llama the tokenizer fixtures share."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(32)
+    w.add_feed_forward_length(64)
+    w.add_head_count(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model(tokenizer_model)
+    return w
+
 def write_sentencepiece_gguf(path: Path) -> Path:
     """A GGUF with a SentencePiece-style ("llama") vocabulary: <unk>, <s>, </s>, 256 byte
     tokens, then BPE pieces learned from a tiny corpus, scored by merge rank like Llama 2's."""
@@ -164,15 +176,8 @@ def write_sentencepiece_gguf(path: Path) -> Path:
             toks.append(tok)
             types.append(1)
             scores.append(-float(rank))
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(1)
-    w.add_context_length(64)
-    w.add_embedding_length(32)
-    w.add_feed_forward_length(64)
-    w.add_head_count(2)
+    w = _tiny_llama_writer(path, "llama")
     w.add_head_count_kv(2)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("llama")
     w.add_token_list(toks)
     w.add_token_types(types)
     w.add_token_scores(scores)
@@ -220,14 +225,7 @@ def write_bpe_gguf(path: Path, pre: str) -> Path:
     model = json.loads(tok.to_str())["model"]
     toks = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(1)
-    w.add_context_length(64)
-    w.add_embedding_length(32)
-    w.add_feed_forward_length(64)
-    w.add_head_count(2)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
+    w = _tiny_llama_writer(path, "gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(toks)
     w.add_token_types([3, 3] + [1] * (len(toks) - 2))
