@@ -150,6 +150,16 @@ SP_CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello
              "def add(a, b):\n    return a + b", "Paris is the capital of France."] * 30
 
 
+def _finish_tokenizer_file(w: "gguf.GGUFWriter", path, n_vocab: int):
+    """Adds the (zero) embedding the loader expects and writes the file."""
+    w.add_tensor("token_embd.weight", np.zeros((n_vocab, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def _tiny_llama_writer(path, tokenizer_model: str) -> "gguf.GGUFWriter":
     """A writer with the hyper-parameters of the one-layer llama the tokenizer fixtures share."""
     w = gguf.GGUFWriter(str(path), "llama")
@@ -184,12 +194,7 @@ def write_sentencepiece_gguf(path: Path) -> Path:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
-    w.add_tensor("token_embd.weight", np.zeros((len(toks), 32), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _finish_tokenizer_file(w, path, len(toks))
 
 
 def llama_cpp_rope_factors(theta: float, dim: int, factor: float, low: float, high: float,
@@ -232,9 +237,4 @@ def write_bpe_gguf(path: Path, pre: str) -> Path:
     w.add_token_merges(merges)
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
-    w.add_tensor("token_embd.weight", np.zeros((len(toks), 32), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _finish_tokenizer_file(w, path, len(toks))
