@@ -20,6 +20,7 @@ from backend.chat_template import (
     compile_template,
     render_chat_template,
 )
+from backend.configutil import check_keys
 
 __all__ = ["Tokenizer", "IncrementalDetokenizer", "ChatTemplateMissing", "ChatTemplateError",
            "TokenizerMeta", "byte_level_tokenizer", "CHATML_TEMPLATE"]
@@ -52,10 +53,7 @@ class TokenizerMeta:
 
     @classmethod
     def from_dict(cls, d: dict) -> TokenizerMeta:
-        unknown = set(d) - {"eos_token_ids", "bos_token_id", "add_bos_token", "chat_template",
-                            "special_tokens"}
-        if unknown:
-            raise ValueError(f"unknown tokenizer meta keys: {sorted(unknown)}")
+        check_keys(cls, d)
         return cls(eos_token_ids=tuple(d["eos_token_ids"]), bos_token_id=d.get("bos_token_id"),
                    add_bos_token=bool(d.get("add_bos_token", False)),
                    chat_template=d.get("chat_template"),

@@ -56,10 +56,10 @@ def bench_ours(source, args, dtype: str) -> dict:
     t = time.perf_counter()
     outs = engine.generate(prompts, params)
     agg = sum(map(len, outs)) / (time.perf_counter() - t)
+    stats = engine.stats()
     return {"ttft_512_s": statistics.median(ttft), "ttft_512_all_s": ttft,
             "decode_tok_s_batch1": decode, "aggregate_tok_s_8": agg,
-            "attention_kernel": engine.stats().attention_kernel,
-            "dtype": str(engine.runner.dtype).replace("torch.", "")}
+            "attention_kernel": stats.attention_kernel, "dtype": stats.dtype}
 
 
 def bench_transformers(source, args, dtype: str) -> dict:

@@ -62,10 +62,9 @@ class DecodeGraphs:
         seqs, r = batch.decodes, self.runner
         b = len(seqs)
         B = next(s for s in self.sizes if s >= b)
-        dev = r.device
-        self.ids[:b] = torch.tensor([s.token_ids[s.num_computed] for s in seqs], device=dev)
-        self.pos[:b] = torch.tensor([s.num_computed for s in seqs], device=dev)
-        self.slots[:b] = torch.tensor([r.slot(s, s.num_computed) for s in seqs], device=dev)
+        self.ids[:b] = r.tensor([s.token_ids[s.num_computed] for s in seqs])
+        self.pos[:b] = r.tensor([s.num_computed for s in seqs])
+        self.slots[:b] = r.tensor([r.slot(s, s.num_computed) for s in seqs])
         self.slots[b:B] = r.kv_cache.scratch_slot
         idx, mask = r.decode_context(seqs, width=self.width)
         self.ctx_idx[:b] = idx

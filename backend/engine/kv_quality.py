@@ -49,8 +49,8 @@ def perplexity_figures(source, text: str, kv_dtypes=KV_DTYPES,
         nll = F.cross_entropy(logits[kv], target).item()
         out[kv] = {"tokens": len(tokens), "perplexity": math.exp(nll)}
     base = logits[kv_dtypes[0]]
+    ref_logp = F.log_softmax(base, -1)
     for kv in kv_dtypes:
-        ref_logp = F.log_softmax(base, -1)
         logp = F.log_softmax(logits[kv], -1)
         out[kv]["top1_agreement"] = (logits[kv].argmax(-1) == base.argmax(-1)).float().mean().item()
         out[kv]["mean_kl_vs_full"] = F.kl_div(logp, ref_logp, log_target=True,

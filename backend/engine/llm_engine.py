@@ -101,12 +101,12 @@ class LLMEngine:
             batch = self.scheduler.schedule()
         if batch.num_seqs == 0:
             return []
+        sampled = batch.sampled_seqs()  # before num_computed moves on
         tokens = self.runner.run(batch)
         for seq in batch.decodes:
             seq.num_computed += 1
         for seq, n in batch.prefills:
             seq.num_computed += n
-        sampled = batch.decodes + [s for s, _ in batch.prefills if s.num_computed == len(s)]
         for seq in batch.decodes + [s for s, _ in batch.prefills]:
             self.block_manager.register_computed(seq)
         outputs = [self._append(seq, tok) for seq, tok in zip(sampled, tokens)]

@@ -127,9 +127,8 @@ class ModelRunner:
                 inputs = self.prepare(batch)
                 logits = self.model.forward(*inputs)
         with self.nvtx.range("sample"):
-            seqs = batch.decodes + [s for s, n in batch.prefills if s.num_computed + n == len(s)]
             # the only host sync of a step: the sampled ids
-            return self.sampler.sample(logits, seqs).tolist()
+            return self.sampler.sample(logits, batch.sampled_seqs()).tolist()
 
     def prepare(self, batch: ScheduledBatch) -> tuple:
         """Flat inputs: (input_ids [T], positions [T], attn, metadata, logits_indices [N])."""

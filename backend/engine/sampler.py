@@ -22,7 +22,7 @@ class Sampler:
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """logits: [N, V] float32 (modified in place); seqs[i] owns row i -> [N] long."""
         self._mask_until_min_tokens(logits, seqs)
-        greedy = [s.params.temperature == 0.0 for s in seqs]
+        greedy = [s.params.greedy for s in seqs]
         if all(greedy):
             return logits.argmax(dim=-1)
         N, V = logits.shape

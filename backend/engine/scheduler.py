@@ -33,6 +33,12 @@ class ScheduledBatch:
     def num_prefill_tokens(self) -> int:
         return sum(n for _, n in self.prefills)
 
+    def sampled_seqs(self) -> list[Sequence]:
+        """The sequences that get a sampled token this step, in logits-row order: every
+        decode, then each prefill whose chunk reaches its last token. Valid until the step
+        advances ``num_computed``."""
+        return self.decodes + [s for s, n in self.prefills if s.num_computed + n == len(s)]
+
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,

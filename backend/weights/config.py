@@ -6,6 +6,8 @@ import logging
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from backend.configutil import check_keys
+
 log = logging.getLogger(__name__)
 
 # model_type values whose architecture backend/model.py implements.
@@ -55,11 +57,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Our own serialised form (the cache, presets): every field, no other keys."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig keys: {', '.join(unknown)}")
-        missing = sorted(names - set(d))
+        check_keys(cls, d)
+        missing = sorted({f.name for f in fields(cls)} - set(d))
         if missing:
             raise ValueError(f"missing ModelConfig keys: {', '.join(missing)}")
         return cls(**d)
