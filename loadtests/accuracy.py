@@ -46,7 +46,7 @@ def start_fake(ttft_ms: float, itl_ms: float, tokens: int,
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()  # "listening http://127.0.0.1:PORT", flushed first
     if not line.startswith("listening "):
-        proc.kill()
+        stop_process(proc, grace_s=0)
         raise RuntimeError(f"fake upstream did not start: {line!r}")
     return proc, line.split()[1]
 
@@ -165,8 +165,7 @@ def run_users(url: str, users: int, requests: int, out_dir: str, a: argparse.Nam
         rc = proc.wait(a.step_timeout + 120)
     finally:
         stop.set()
-        if proc.poll() is None:
-            proc.kill()
+        stop_process(proc, grace_s=0)
         thread.join(30)
     fake_cpu = fake_proc.cpu_percent(None)  # mean over the step, % of one core
     recs = [r for r in read_records(records) if r.phase == "measure"]

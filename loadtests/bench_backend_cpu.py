@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,8 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtests.procs import stop_process
+from loadtests.procs import free_port, stop_process
+from loadtests.sse import has_content
 
 WORDS = ("river mountain quiet engine paper window silver market garden planet signal "
          "winter harbor pencil forest kitchen bridge lantern coffee circle thunder valley "
@@ -63,12 +63,6 @@ def build_prompts(tokenizer: object, args: argparse.Namespace) -> dict:
 
 
 # --- our backend, through HTTP -------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as r:
         return r.read().decode()
@@ -76,7 +70,7 @@ def _get(url: str) -> str:
 
 def start_backend(args: argparse.Namespace) -> tuple[subprocess.Popen, str, list[str]]:
     """``python -m backend`` on a free loopback port; returns once /health answers."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "backend", "--model", args.model, "--port", str(port),
            "--log-level", "WARNING", *args.backend_args.split()]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
@@ -89,7 +83,7 @@ def start_backend(args: argparse.Namespace) -> tuple[subprocess.Popen, str, list
             return proc, base, cmd
         except OSError:
             time.sleep(0.5)
-    proc.kill()
+    stop_process(proc, grace_s=0)
     raise TimeoutError("backend did not become healthy in 900 s")
 
 
@@ -106,7 +100,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
             chunk = json.loads(line[6:])
             usage = chunk.get("usage") or usage
             server = chunk.get("firsttoken_timings") or server
-            if any(c.get("text") for c in chunk.get("choices", [])):
+            if any(has_content(c) for c in chunk.get("choices", [])):
                 stamps.append(time.perf_counter())
     return {"t0": t0, "stamps": stamps, "completion_tokens": usage["completion_tokens"],
             "server": server}

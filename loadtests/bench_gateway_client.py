@@ -8,35 +8,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import time
 from typing import Any
 
 import aiohttp
 
+from loadtests.sse import has_content
+from loadtests.stats import summarize
+
 KEY = "bench-key-not-secret"
 
 
 # ---- statistics -------------------------------------------------------------------------------
-def pct(samples: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile of raw samples (q in 0..100)."""
-    if not samples:
-        return None
-    s = sorted(samples)
-    k = (len(s) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def summary(samples: list[float]) -> dict[str, Any]:
-    ms = [x * 1000 for x in samples]
-    return {"n": len(ms), **{f"p{q}_ms": _r(pct(ms, q)) for q in (50, 90, 99)},
-            "max_ms": _r(max(ms) if ms else None),
-            "mean_ms": _r(sum(ms) / len(ms) if ms else None)}
+    """Seconds -> the bench's millisecond summary, from loadtests.stats (one percentile rule)."""
+    s = summarize(samples).scaled(1000)
+    return {"n": s.count, "p50_ms": _r(s.p50), "p90_ms": _r(s.p90), "p99_ms": _r(s.p99),
+            "max_ms": _r(s.max), "mean_ms": _r(s.mean)}
 
 
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
+def _r(x: float) -> float | None:
+    return None if math.isnan(x) else round(x, 3)
 
 
 # ---- load client (runs in its own process) -----------------------------------------------------
@@ -45,11 +38,7 @@ def _is_content(line: bytes) -> bool:
         obj = json.loads(line[5:])
     except ValueError:
         return False
-    for c in obj.get("choices") or ():
-        d = c.get("delta") or {}
-        if c.get("text") or d.get("content") or d.get("reasoning_content") or d.get("tool_calls"):
-            return True
-    return False
+    return any(has_content(c) for c in obj.get("choices") or ())
 
 
 async def _one(session: aiohttp.ClientSession, url: str, payload: bytes,

@@ -23,7 +23,6 @@ import math
 import os
 
 from loadtests.sse import RequestRecord
-from loadtests.stats import summarize
 
 SEGMENTS = ("client side", "client + gateway", "gateway", "gateway->backend hop", "upstream",
             "backend other", "backend queue", "prefill")
@@ -95,5 +94,4 @@ def decompose(records: list[RequestRecord], gateway_log: dict[str, dict]) -> dic
             per[name].append(seg.get(name, 0.0))
     means = {name: (math.fsum(v) / len(v) if v else 0.0) for name, v in per.items()}
     return {"requests": n, "joined_gateway": joined_gw, "joined_backend": joined_backend,
-            "mean_s": {k: v for k, v in means.items() if any(per[k]) and n},
-            "p50_s": {k: summarize(per[k]).p50 for k in SEGMENTS if any(per[k]) and n}}
+            "mean_s": {k: v for k, v in means.items() if any(per[k])}}

@@ -107,11 +107,11 @@ class PromptFactory:
         self._setup(texts)
 
     def _setup(self, texts: list[str] | None) -> None:
+        base = self._counter.count_text("the")
         if self._chat and self._target:
             with_msg = self._counter.count_messages([{"role": "user", "content": "the"}])
             if with_msg is not None:  # tokens the template adds around the content
-                self.template_overhead = with_msg - self._counter.count_text("the")
-        base = self._counter.count_text("the")
+                self.template_overhead = with_msg - base
         self._words = [w for w in _CANDIDATES
                        if self._counter.count_text("the " + w) - base == 1] or ["the"]
         if texts and self._target:
@@ -134,7 +134,8 @@ class PromptFactory:
     def _fit(self, text: str) -> str:
         """Cut (binary search over words) or pad (one-token words) ``text`` to the target."""
         goal, words = self.content_tokens, text.split()
-        if self._counter.count_text(text) > goal:
+        have = self._counter.count_text(text) if text else 0
+        if have > goal:
             lo, hi = 0, len(words)
             while lo < hi:  # largest word prefix that fits
                 mid = (lo + hi + 1) // 2
@@ -143,7 +144,7 @@ class PromptFactory:
                 else:
                     hi = mid - 1
             text = " ".join(words[:lo])
-        have = self._counter.count_text(text) if text else 0
+            have = self._counter.count_text(text) if text else 0
         pad = "".join(" " + self._rng.choice(self._words) for _ in range(max(0, goal - have)))
         text = (text + pad).strip()
         if self._counter.count_text(text) != goal:

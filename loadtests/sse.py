@@ -90,7 +90,7 @@ class SSEParser:
         return data
 
 
-def _has_content(choice: dict) -> bool:
+def has_content(choice: dict) -> bool:
     delta = choice.get("delta")
     if isinstance(delta, dict):
         return bool(delta.get("content") or delta.get("reasoning_content")
@@ -138,7 +138,7 @@ class StreamMeasurement:
                 continue
             if choice.get("finish_reason"):
                 rec.finish_reason = choice["finish_reason"]
-            if _has_content(choice):
+            if has_content(choice):
                 self._content(t_ns)
 
     def _content(self, t_ns: int) -> None:

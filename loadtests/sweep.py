@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from loadtests import observe, report
 from loadtests.decompose import decompose, read_gateway_log
+from loadtests.procs import stop_process
 from loadtests.records import read_records, summary_path
 from loadtests.stats import MIN_SAMPLES_P99, summarize
 from loadtests.sweep_backend import BackendProcess
@@ -106,9 +107,7 @@ def run_locust(cfg: SweepConfig, batch: int, step_dir: str) -> tuple[str, int]:
             if bar is not None:
                 bar.n = min(_count_measured(records), cfg.requests)
                 bar.refresh()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, grace_s=0)
     if bar is not None:
         bar.n = min(_count_measured(records), cfg.requests)
         bar.close()

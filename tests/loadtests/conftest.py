@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +18,6 @@ from loadtests.procs import stop_process
 ROOT = Path(__file__).resolve().parents[2]
 CHAT_PY = str(ROOT / "loadtests" / "chat.py")
 CLIENT_KEY = "sk-loadtest-client-5c1e"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -4,9 +4,10 @@ import os
 import subprocess
 import sys
 
+from loadtests.procs import free_port
 from loadtests.records import summary_path
 
-from .conftest import CHAT_PY, CLIENT_KEY, ROOT, free_port, read_jsonl, run_locust
+from .conftest import CHAT_PY, CLIENT_KEY, ROOT, read_jsonl, run_locust
 
 
 def test_master_and_two_workers_collect_records_on_the_master(lt_fake, tmp_path):

@@ -7,10 +7,10 @@ import urllib.request
 import pytest
 
 from loadtests.decompose import decompose, read_gateway_log
-from loadtests.procs import stop_process
+from loadtests.procs import free_port, stop_process
 from loadtests.records import read_records
 
-from .conftest import ROOT, free_port, read_jsonl, run_locust
+from .conftest import ROOT, read_jsonl, run_locust
 
 pytest.importorskip("torch")  # the backend extra; the gateway-only install has no torch
 
