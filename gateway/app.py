@@ -10,7 +10,6 @@ import time
 import uuid
 from typing import AsyncIterator, Mapping
 
-import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -18,6 +17,7 @@ from gateway import state
 from gateway.auth import KeyStore, digest, presented_key
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, Unauthorized, status_error
+from gateway.httpclient import Pool
 from gateway.metrics import Metrics
 from gateway.proxy import CHAT, COMPLETIONS, proxy
 from gateway.record import RequestLog
@@ -64,17 +64,14 @@ async def metrics_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
 
 
-async def session_ctx(app: web.Application) -> AsyncIterator[None]:
-    # No pool limit: concurrency is bounded by clients; a limit would queue silently and
-    # show up as fake upstream latency.
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-    # DummyCookieJar: an upstream's Set-Cookie must never ride along on other clients'
-    # requests (and skipping cookie filtering saves time per request).
-    session = aiohttp.ClientSession(connector=connector, trust_env=False,
-                                    cookie_jar=aiohttp.DummyCookieJar())
-    app[state.SESSION] = session
+async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Upstream connections (gateway/httpclient.py): no limit, since clients bound concurrency
+    # and a limit would queue silently and show up as upstream latency; no cookies, so an
+    # upstream's Set-Cookie never rides along on other clients' requests.
+    pool = Pool(keepalive_seconds=30)
+    app[state.POOL] = pool
     yield
-    await session.close()
+    await pool.close()
 
 
 async def request_log_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -156,7 +153,7 @@ def create_app(config: GatewayConfig, env: Mapping[str, str] | None = None) -> w
     app[state.ROUTER] = Router(config, env)
     app[state.LIFECYCLE] = state.Lifecycle()
     app[state.METRICS_TOKEN] = _metrics_token(config, env)
-    app.cleanup_ctx.extend([metrics_ctx, session_ctx, request_log_ctx])
+    app.cleanup_ctx.extend([metrics_ctx, pool_ctx, request_log_ctx])
     app.on_shutdown.append(_mark_shutting_down)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)

@@ -89,7 +89,7 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         series.in_flight.inc()
         rec.stream, strip_usage = _prepare_body(body, route)
         headers = forward_headers(request.headers, rec.request_id)
-        opened = await open_upstream(app[state.SESSION], order, endpoint, body, headers, rec,
+        opened = await open_upstream(app[state.POOL], order, endpoint, body, headers, rec,
                                      series, app[state.CONFIG].retry)
         labels[1] = opened.deployment.provider.name
         series_used = app[state.METRICS].series(*labels)

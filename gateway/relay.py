@@ -12,11 +12,10 @@ import json
 import time
 from typing import Any
 
-import aiohttp
 from aiohttp import web
-from aiohttp.http_exceptions import LineTooLong
 
 from gateway.errors import BadGateway, GatewayError, GatewayTimeout
+from gateway.httpclient import HIGH_WATER, Response, UpstreamError
 from gateway.record import RequestRecord
 from gateway.upstream import Opened
 
@@ -77,9 +76,10 @@ async def relay(request: web.Request, opened: Opened, rec: RequestRecord, series
             what = "first token" if rec.t_first_ns is None else "complete response"
             await _fail(resp, rec, series, GatewayTimeout(
                 f"Provider {name!r} did not send the {what} in time."))
-        except (aiohttp.ClientError, ValueError) as exc:
+        except (UpstreamError, ValueError) as exc:
+            why = str(exc) if isinstance(exc, UpstreamError) else "malformed SSE data"
             await _fail(resp, rec, series, BadGateway(
-                f"Upstream stream from provider {name!r} broke ({type(exc).__name__}).",
+                f"Upstream stream from provider {name!r} broke ({why}).",
                 code="upstream_stream_error"))
     except ClientGone:
         rec.status, rec.error = 499, "client_disconnected"
@@ -120,7 +120,7 @@ def _event(rec: RequestRecord, payload: bytes, strip_usage: bool) -> tuple[bytes
     if not isinstance(obj, dict):
         raise ValueError("SSE data is not a JSON object")
     if "error" in obj:  # the upstream reported a failure inside the stream
-        raise aiohttp.ClientPayloadError("upstream error event")
+        raise UpstreamError("upstream error event")
     choices = obj.get("choices")
     if "usage" in obj:
         _note_usage(rec, obj)
@@ -130,85 +130,114 @@ def _event(rec: RequestRecord, payload: bytes, strip_usage: bool) -> tuple[bytes
             del obj["usage"]
             payload = json.dumps(obj, separators=(",", ":")).encode()
     _note_finish(rec, choices)
+    if b"\n" in payload:  # a multi-line event (pretty-printed JSON) stays one event
+        payload = payload.replace(b"\n", b"\ndata: ")
     return b"data: " + payload + b"\n\n", _has_content(choices)
+
+
+class _Events:
+    """SSE framing: bytes in, complete events out (spec: an event ends at a blank line; its
+    ``data:`` lines are joined with "\\n"). Other fields and comments pass through as lines."""
+
+    def __init__(self) -> None:
+        self.tail = b""                  # an unfinished line
+        self.data: list[bytes] = []      # data lines of the event being read
+        self.size = 0                    # their bytes
+
+    def feed(self, chunk: bytes) -> list[tuple[bytes | None, bytes]]:
+        """-> [(data payload, b"") for each complete event | (None, raw line) to pass on]."""
+        lines = (self.tail + chunk if self.tail else chunk).split(b"\n")
+        self.tail = lines.pop()
+        if len(self.tail) > HIGH_WATER:
+            raise UpstreamError(f"SSE line longer than {HIGH_WATER} bytes")
+        return self._lines(lines)
+
+    def end(self) -> list[tuple[bytes | None, bytes]]:
+        """The body ended: a last line without newline, or event without blank line, counts."""
+        lines, self.tail = ([self.tail] if self.tail else []), b""
+        return self._lines(lines + [b""])
+
+    def _lines(self, lines: list[bytes]) -> list[tuple[bytes | None, bytes]]:
+        out: list[tuple[bytes | None, bytes]] = []
+        for line in lines:
+            if line[:5] == b"data:":
+                self.data.append(line[5:].strip())
+                self.size += len(line)
+                if self.size > HIGH_WATER:  # an event that never ends must not grow forever
+                    raise UpstreamError(f"SSE event longer than {HIGH_WATER} bytes")
+            elif line.strip():  # comments / event: / id: lines pass through unchanged
+                out.append((None, line.rstrip(b"\r") + b"\n"))
+            elif self.data:  # blank line: the event is complete
+                out.append((b"\n".join(self.data), b""))
+                self.data, self.size = [], 0
+        return out
 
 
 async def _pump(resp: web.StreamResponse, opened: Opened, rec: RequestRecord, series: Any,
                 strip_usage: bool) -> None:
-    content = opened.response.content
-    readany = content.readany
-    # readline() would cost one await per line, i.e. two per SSE event (data line + blank
-    # line); one readany() per arrival, split here, halves that. Same line-length limit.
-    max_line = getattr(content, "_high_water", 2 ** 17)
-    write = resp.write
+    # One readany() per arrival; everything relayable from it leaves in ONE write (one send
+    # syscall: a stream's finish chunk, usage and [DONE] often arrive together).
+    readany = opened.response.readany
     clock = time.perf_counter_ns
     itl = series.itl
+    sse = _Events()
     done = False
-    buf = b""
     async with asyncio.timeout_at(opened.first_deadline) as deadline:
         while not done:
             data = await readany()
-            if data:
-                lines = (buf + data if buf else data).split(b"\n")
-                buf, eol = lines.pop(), b"\n"  # the unfinished tail (b"" after a newline)
-            elif buf:  # EOF after a line without its newline: relay it as readline would
-                lines, buf, eol = [buf], b"", b""
-            else:
-                break
-            for line in lines:
-                t_read = clock()
-                if len(line) >= max_line:
-                    raise LineTooLong(line[:100] + b"...", max_line)
-                if line[:5] != b"data:":
-                    if line.strip():  # comments / event: / id: lines pass through unchanged
-                        await _write(write, line + eol)
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    await _write(write, b"data: [DONE]\n\n")
+            t_read = clock()
+            out: list[bytes] = []
+            contents = 0
+            for payload, line in (sse.feed(data) if data else sse.end()):
+                if payload is None:
+                    out.append(line)
+                elif payload == b"[DONE]":
                     done = True
                     break
-                out, has_content = _event(rec, payload, strip_usage)
-                if out is None:
-                    continue
-                try:  # inline _write: one coroutine less per event
-                    await write(out)
-                except ConnectionError:
-                    raise ClientGone() from None
+                else:
+                    event, has_content = _event(rec, payload, strip_usage)
+                    if event is not None:
+                        out.append(event)
+                        contents += has_content
+            if done or not data:
+                break
+            if out:
+                await _write(resp.write, b"".join(out))
                 t_written = clock()
                 rec.relay_ns += t_written - t_read
-                if has_content:
+                for _ in range(contents):
                     first = rec.t_first_ns is None
                     gap = rec.content(t_read, t_written)
                     if first:
                         deadline.reschedule(opened.total_deadline)
                     elif gap is not None:
                         itl.observe(gap / 1e9)
-            if not data:
-                break
-            if len(buf) > max_line:
-                raise LineTooLong(buf[:100] + b"...", max_line)
     if not done and rec.finish_reason is None:
-        raise aiohttp.ClientPayloadError("upstream stream ended before completion")
-    if not done:  # finished cleanly but the upstream omitted [DONE]: clients expect it
-        await _write(write, b"data: [DONE]\n\n")
+        raise UpstreamError("upstream stream ended before completion")
+    # The upstream's [DONE] (or ours, when it finished cleanly without one: clients expect
+    # it) leaves with the end of the chunked body, in one send.
+    out.append(b"data: [DONE]\n\n")
     try:
-        await resp.write_eof()
+        await resp.write_eof(b"".join(out))
     except ConnectionError:
         raise ClientGone() from None
-    rec.t_end_ns = clock()
+    t_end = rec.t_end_ns = clock()
+    for _ in range(contents):  # content in the same read as [DONE]
+        gap = rec.content(t_read, t_end)
+        if gap is not None:
+            itl.observe(gap / 1e9)
     rec.status = 200
     await _drain(opened.response)
 
 
-async def _drain(upstream: aiohttp.ClientResponse) -> None:
+async def _drain(upstream: Response) -> None:
     """Read past [DONE] to the body's end so the upstream connection goes back to the pool
     (an unfinished body would force a new connection, and its setup, for the next request)."""
     try:
         async with asyncio.timeout(1.0):
-            while await upstream.content.readany():
+            while await upstream.readany():
                 pass
-    except (TimeoutError, aiohttp.ClientError):
+    except (TimeoutError, UpstreamError):
         upstream.close()
 
 
@@ -227,7 +256,7 @@ async def _relay_json(opened: Opened, rec: RequestRecord) -> web.Response:
     except TimeoutError:
         raise GatewayTimeout(f"Provider {opened.deployment.provider.name!r} did not answer "
                              "in time.") from None
-    except aiohttp.ClientError as exc:
+    except UpstreamError as exc:
         raise BadGateway(f"Upstream body from provider {opened.deployment.provider.name!r} "
                          f"broke ({type(exc).__name__}).", code="upstream_stream_error") from None
     t_read = time.perf_counter_ns()

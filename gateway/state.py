@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 
 from gateway.auth import KeyStore
 from gateway.config import GatewayConfig
+from gateway.httpclient import Pool
 from gateway.metrics import Metrics
 from gateway.record import RequestLog
 from gateway.router import Router
@@ -24,7 +24,7 @@ ROUTER = web.AppKey("router", Router)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 METRICS_TOKEN = web.AppKey("metrics_token", bytes)      # sha256 digest; b"" = open /metrics
 METRICS = web.AppKey("metrics", Metrics)                # cleanup_ctx: metrics_ctx
-SESSION = web.AppKey("session", aiohttp.ClientSession)  # cleanup_ctx: session_ctx
+POOL = web.AppKey("upstream_pool", Pool)                # cleanup_ctx: pool_ctx
 REQUEST_LOG = web.AppKey("request_log", RequestLog)     # cleanup_ctx: request_log_ctx
 
 REQUEST_ID = web.RequestKey("request_id", str)

@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.config import RetryConfig
 from gateway.errors import (BadGateway, GatewayError, GatewayTimeout, RateLimited, Unavailable,
                             UpstreamStatus)
+from gateway.httpclient import Pool, Response, UpstreamError
 from gateway.metrics import Series
 from gateway.record import RequestRecord
 from gateway.router import Deployment
@@ -47,7 +47,7 @@ def forward_headers(client: CIMultiDictProxy[str], request_id: str) -> CIMultiDi
 
 @dataclass
 class Opened:
-    response: aiohttp.ClientResponse
+    response: Response
     deployment: Deployment
     first_deadline: float   # loop.time() by which the first content must arrive
     total_deadline: float   # loop.time() by which the whole response must be done
@@ -71,10 +71,13 @@ def _scrub(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
 
 
-async def _classify(resp: aiohttp.ClientResponse, dep: Deployment) -> None:
+async def _classify(resp: Response, dep: Deployment) -> None:
     """Raise for a non-200 upstream answer: _Retryable, or a final GatewayError."""
     name = dep.provider.name
-    raw = await resp.read()
+    try:
+        raw = await resp.read()
+    except UpstreamError:
+        raw = b""
     resp.release()
     try:
         body: Any = json.loads(_scrub(raw.decode("utf-8", "replace"), dep.provider.api_key))
@@ -94,7 +97,7 @@ async def _classify(resp: aiohttp.ClientResponse, dep: Deployment) -> None:
     raise UpstreamStatus(resp.status, body, f"Provider {name!r} answered HTTP {resp.status}.")
 
 
-async def _attempt(session: aiohttp.ClientSession, dep: Deployment, endpoint: str,
+async def _attempt(pool: Pool, dep: Deployment, endpoint: str,
                    body: bytes, headers: CIMultiDict[str], rec: RequestRecord) -> Opened:
     pc = dep.provider.config
     loop = asyncio.get_running_loop()
@@ -105,20 +108,19 @@ async def _attempt(session: aiohttp.ClientSession, dep: Deployment, endpoint: st
     headers.popall("Authorization", None)  # never carry one provider's key to another
     if dep.provider.api_key:
         headers["Authorization"] = "Bearer " + dep.provider.api_key
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=pc.connect_timeout_seconds)
     rec.t_attempt_ns = time.perf_counter_ns()
     if rec.t_sent_ns is None:
         rec.t_sent_ns = rec.t_attempt_ns
     try:
         async with asyncio.timeout_at(first_deadline):
-            resp = await session.post(dep.provider.url(endpoint), data=body, headers=headers,
-                                      timeout=timeout, allow_redirects=False)
+            resp = await pool.request(dep.provider.url(endpoint), headers.items(), body,
+                                      pc.connect_timeout_seconds)
     except TimeoutError:
         raise _Retryable(GatewayTimeout(f"Provider {dep.provider.name!r} sent no response "
                                         "headers in time.")) from None
-    except aiohttp.ClientError as exc:  # refused, reset, closed before headers, DNS ...
+    except UpstreamError as exc:  # refused, reset, closed before headers, DNS, TLS ...
         raise _Retryable(BadGateway(f"Provider {dep.provider.name!r} is unreachable "
-                                    f"({type(exc).__name__}).", code="upstream_unreachable"))
+                                    f"({exc}).", code="upstream_unreachable"))
     rec.t_headers_ns = time.perf_counter_ns()
     if resp.status != 200:
         await _classify(resp, dep)
@@ -130,7 +132,7 @@ def _backoff(retry: RetryConfig, n: int) -> float:
     return cap * (0.5 + random.random() / 2)  # jitter: spread synchronized retries
 
 
-async def open_upstream(session: aiohttp.ClientSession, order: list[Deployment], endpoint: str,
+async def open_upstream(pool: Pool, order: list[Deployment], endpoint: str,
                         body: dict[str, Any], headers: CIMultiDict[str], rec: RequestRecord,
                         series: Series, retry: RetryConfig) -> Opened:
     """Try deployments (least loaded first, then again with backoff) until one answers 200."""
@@ -160,7 +162,7 @@ async def open_upstream(session: aiohttp.ClientSession, order: list[Deployment],
         rec.provider, rec.upstream_model = dep.provider.name, dep.model
         dep.in_flight += 1  # the caller releases it when the request ends
         try:
-            return await _attempt(session, dep, endpoint, payload, headers, rec)
+            return await _attempt(pool, dep, endpoint, payload, headers, rec)
         except _Retryable as exc:
             dep.in_flight -= 1
             series.errors.inc()

@@ -75,11 +75,12 @@ def _cpu_s(pid: int) -> float:
 
 def _client(url: str, model: str, c: int, n: int, warmup: int,
             extra: dict[str, Any] | None = None, timeout: float = 900,
-            spread_s: float = 0.0, cpus: set[int] | None = None) -> dict[str, Any]:
+            spread_s: float = 0.0, cpus: set[int] | None = None,
+            samples: str | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "loadtests.bench_gateway", "client", "--url", url,
            "--model", model, "--concurrency", str(c), "--requests", str(n),
            "--warmup", str(warmup), "--body-extra", json.dumps(extra or {}),
-           "--spread-s", str(spread_s)]
+           "--spread-s", str(spread_s), *(["--samples", samples] if samples else [])]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True,
                          preexec_fn=_pinned(cpus))
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -125,14 +126,17 @@ def _meta(a: argparse.Namespace) -> dict[str, Any]:
             "machine": "2-core x86-64 CPU VM, 24 GiB, Python 3.11, torch 2.13 CPU",
             "loadavg_start": os.getloadavg(), "command": " ".join(sys.argv),
             "pinned": bool(getattr(a, "pin", False)),
-            "fake_upstream": {"ttft_ms": a.ttft_ms, "itl_ms": a.itl_ms, "tokens": 64}}
+            "fake_upstream": {"ttft_ms": a.ttft_ms, "itl_ms": a.itl_ms, "tokens": 64,
+                              "stamp": a.stamp, "timers": a.timers}}
 
 
 def _fake(a: argparse.Namespace, ttft_ms: float, itl_ms: float,
           cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
+    flags = [f for f, on in (("--stamp", a.stamp), ("--precise-timers", a.timers == "precise"))
+             if on]
     return _spawn([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
-                   "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens", "64"],
-                  cpus=cpus)
+                   "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens", "64",
+                   *flags], cpus=cpus)
 
 
 # ---- phases -----------------------------------------------------------------------------------
@@ -156,8 +160,11 @@ def phase_latency(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 pid, fpid = procs[name].pid, fake.pid
                 cpu0, fcpu0 = _cpu_s(pid), _cpu_s(fpid)
                 log_rows = _log_len(tmp) if name == "gateway" else 0  # only its log is read
+                samples = (str(Path(a.samples_dir) / f"samples{a.tag}-c{c}-{name}.jsonl")
+                           if a.samples_dir else None)
                 r = _client(base + "/v1/chat/completions", "timed", c, n, max(c, 20),
-                            spread_s=(a.ttft_ms + 63 * a.itl_ms) / 1000, cpus=env_cpus)
+                            spread_s=(a.ttft_ms + 63 * a.itl_ms) / 1000, cpus=env_cpus,
+                            samples=samples)
                 if name == "gateway":  # the gateway's own view, warm-up rows skipped
                     r["gateway_log"] = _log_summary(tmp, log_rows + max(c, 20))
                 r.update(target=name, server_cpu_s=round(_cpu_s(pid) - cpu0, 2),
@@ -199,7 +206,9 @@ def _added(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["target"] == "direct" or d is None:
             continue
         row: dict[str, Any] = {"concurrency": r["concurrency"], "target": r["target"]}
-        for metric in ("ttft", "e2e"):
+        for metric in ("ttft", "e2e", "request_path", "response_path"):
+            if metric not in r or metric not in d:
+                continue
             for q in ("p50_ms", "p99_ms"):
                 a, b = r[metric][q], d[metric][q]
                 row[f"added_{metric}_{q}"] = None if a is None or b is None else round(a - b, 3)
@@ -279,6 +288,8 @@ def phase_growth(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 def run_main(a: argparse.Namespace) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.samples_dir:
+        Path(a.samples_dir).mkdir(parents=True, exist_ok=True)
     phases = {"latency": phase_latency, "rss_open": phase_rss_open, "growth": phase_growth}
     with tempfile.TemporaryDirectory(prefix="bench-gw-") as tmp:
         for name in a.phases.split(","):
@@ -302,6 +313,15 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--pin", action="store_true",
                    help="pin the proxy to CPU 1, fake upstream + client to CPU 0")
     r.add_argument("--tag", default="", help="suffix for the JSON file names")
+    r.add_argument("--stamp", action="store_true",
+                   help="the fake stamps its receipt/send times into each chunk: the TTFT "
+                        "splits into request path and response path")
+    r.add_argument("--timers", choices=("precise", "loop"), default="precise",
+                   help="the fake's delays: precise = timerfd, exact TTFT and ITL on a 0.25 ms "
+                        "grid; loop = uvloop timers (1 ms ticks: TTFT 0.1-1.2 ms late and every "
+                        "token due in the same ms sent in one burst)")
+    r.add_argument("--samples-dir", default=None,
+                   help="write every timed request's raw timestamps here (JSONL per run)")
     r.add_argument("--ttft-ms", type=float, default=50.0)
     r.add_argument("--itl-ms", type=float, default=10.0)
     r.add_argument("--requests-1", type=int, default=100, help="timed requests at c=1")
@@ -318,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--warmup", type=int, default=0)
     c.add_argument("--body-extra", default="{}")
     c.add_argument("--spread-s", type=float, default=0.0, help="stagger of worker starts")
+    c.add_argument("--samples", default=None, help="raw per-request timestamps (JSONL)")
     a = p.parse_args(argv)
     (run_main if a.cmd == "run" else client_main)(a)
 

@@ -10,6 +10,7 @@ import asyncio
 import json
 import math
 import time
+import uuid
 from typing import Any
 
 import aiohttp
@@ -33,38 +34,72 @@ def _r(x: float) -> float | None:
 
 
 # ---- load client (runs in its own process) -----------------------------------------------------
-def _is_content(line: bytes) -> bool:
+def _content(line: bytes) -> dict[str, Any] | None:
+    """The parsed event when this ``data:`` line is content-bearing, else None."""
     try:
         obj = json.loads(line[5:])
     except ValueError:
-        return False
-    return any(has_content(c) for c in obj.get("choices") or ())
+        return None
+    return obj if any(has_content(c) for c in obj.get("choices") or ()) else None
+
+
+class Sample:
+    """One stream as the client saw it (perf_counter_ns = CLOCK_MONOTONIC, shared by every
+    process here, so the fake upstream's stamps are on the same clock)."""
+    __slots__ = ("request_id", "t0", "t_first", "t_end", "fake_recv", "fake_sent")
+
+    def __init__(self) -> None:
+        self.request_id = uuid.uuid4().hex  # joins this row with the gateway's request log
+        self.t0 = time.perf_counter_ns()
+        self.t_first = self.t_end = self.fake_recv = self.fake_sent = 0
 
 
 async def _one(session: aiohttp.ClientSession, url: str, payload: bytes,
-               headers: dict[str, str]) -> tuple[float | None, float | None, str | None]:
-    t0 = time.perf_counter()
-    ttft = None
+               headers: dict[str, str]) -> tuple[Sample, str | None]:
+    s = Sample()
     done = False
     try:
-        async with session.post(url, data=payload, headers=headers) as r:
+        async with session.post(url, data=payload,
+                                headers={**headers, "x-request-id": s.request_id}) as r:
             if r.status != 200:
                 await r.read()
-                return None, None, f"http_{r.status}"
-            async for line in r.content:
-                if line.startswith(b"data:"):
-                    if ttft is None and _is_content(line):
-                        ttft = time.perf_counter() - t0
-                    elif line.startswith(b"data: [DONE]"):
-                        done = True
+                return s, f"http_{r.status}"
+            # One read per arrival, lines split here: readline() would cost an await per
+            # line, and at 100 streams the client's CPU then delays every target alike.
+            buf = b""
+            while data := await r.content.readany():
+                *lines, buf = (buf + data).split(b"\n")
+                for line in lines:
+                    if line.startswith(b"data:"):
+                        if not s.t_first and (obj := _content(line)) is not None:
+                            s.t_first = time.perf_counter_ns()
+                            s.fake_recv = obj.get("fake_recv_ns", 0)
+                            s.fake_sent = obj.get("fake_sent_ns", 0)
+                        elif line.startswith(b"data: [DONE]"):
+                            done = True
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        return None, None, type(exc).__name__
-    e2e = time.perf_counter() - t0
-    return ttft, e2e, None if done and ttft is not None else "incomplete"
+        return s, type(exc).__name__
+    s.t_end = time.perf_counter_ns()
+    return s, None if done and s.t_first else "incomplete"
+
+
+def _summaries(samples: list[Sample]) -> dict[str, Any]:
+    """TTFT and E2E; with the fake's stamps also the two halves of the TTFT path:
+    ``request_path`` = client start -> fake receipt, ``response_path`` = fake's first send ->
+    client's first content, and ``fake_wait`` = the fake's own receipt -> first send."""
+    out = {"ttft": summary([(s.t_first - s.t0) / 1e9 for s in samples]),
+           "e2e": summary([(s.t_end - s.t0) / 1e9 for s in samples])}
+    stamped = [s for s in samples if s.fake_recv and s.fake_sent]
+    if stamped:
+        out["request_path"] = summary([(s.fake_recv - s.t0) / 1e9 for s in stamped])
+        out["response_path"] = summary([(s.t_first - s.fake_sent) / 1e9 for s in stamped])
+        out["fake_wait"] = summary([(s.fake_sent - s.fake_recv) / 1e9 for s in stamped])
+    return out
 
 
 async def run_client(url: str, model: str, concurrency: int, requests: int, warmup: int,
-                     body_extra: dict[str, Any], spread_s: float = 0.0) -> dict[str, Any]:
+                     body_extra: dict[str, Any], spread_s: float = 0.0,
+                     samples_path: str | None = None) -> dict[str, Any]:
     """Closed loop: ``concurrency`` workers share ``warmup`` + ``requests`` streams."""
     payload = json.dumps({"model": model, "stream": True, "max_tokens": 64,
                           "messages": [{"role": "user", "content": "Say something long."}],
@@ -72,8 +107,7 @@ async def run_client(url: str, model: str, concurrency: int, requests: int, warm
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=300)
-    ttfts: list[float] = []
-    e2es: list[float] = []
+    samples: list[Sample] = []
     errors: dict[str, int] = {}
     total = warmup + requests
     started = [0]
@@ -89,25 +123,28 @@ async def run_client(url: str, model: str, concurrency: int, requests: int, warm
                 started[0] += 1
                 if idx == warmup:
                     t_start[0] = time.perf_counter()
-                ttft, e2e, err = await _one(session, url, payload, headers)
+                sample, err = await _one(session, url, payload, headers)
                 if idx < warmup:
                     continue
                 if err:
                     errors[err] = errors.get(err, 0) + 1
                 else:
-                    ttfts.append(ttft)  # type: ignore[arg-type]
-                    e2es.append(e2e)  # type: ignore[arg-type]
+                    samples.append(sample)
 
         await asyncio.gather(*(worker(k) for k in range(concurrency)))
         wall = time.perf_counter() - t_start[0]
+    if samples_path:
+        with open(samples_path, "w") as f:
+            for s in samples:
+                f.write(json.dumps({k: getattr(s, k) for k in Sample.__slots__}) + "\n")
     return {"concurrency": concurrency, "requests": requests, "wall_s": round(wall, 3),
-            "req_per_s": round(len(e2es) / wall, 2), "errors": errors,
-            "ttft": summary(ttfts), "e2e": summary(e2es)}
+            "req_per_s": round(len(samples) / wall, 2), "errors": errors,
+            **_summaries(samples)}
 
 
 def client_main(a: argparse.Namespace) -> None:
     import uvloop
     extra = json.loads(a.body_extra)
     out = uvloop.run(run_client(a.url, a.model, a.concurrency, a.requests, a.warmup, extra,
-                                a.spread_s))
+                                a.spread_s, a.samples))
     print(json.dumps(out), flush=True)

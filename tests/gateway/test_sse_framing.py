@@ -1,0 +1,149 @@
+"""SSE framing in the relay: events end at a blank line, multi-line data, odd upstreams.
+
+The fake upstream always writes one-line events; these tests use a raw upstream that writes
+exact bytes, so the gateway's framing (not the fake's) is what is checked.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gateway.app import create_app, start_server
+from gateway.config import build_config
+from gateway.httpclient import HIGH_WATER, UpstreamError
+from gateway.relay import _Events
+from tests.gateway.conftest import CLIENT_KEY, ENV, base_config
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def _chunk(content: str, finish: str | None = None) -> dict[str, Any]:
+    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]}
+
+
+# ---- the framing on its own ----------------------------------------------------------------
+def test_events_join_data_lines_and_pass_other_lines():
+    ev = _Events()
+    out = ev.feed(b': keep-alive\r\n\r\nevent: x\ndata: {"a":\ndata:  1}\n\ndata: [DO')
+    assert out == [(None, b": keep-alive\n"), (None, b"event: x\n"), (b'{"a":\n1}', b"")]
+    assert ev.feed(b"NE]\n") == []            # no blank line yet: the event is not complete
+    assert ev.feed(b"\n") == [(b"[DONE]", b"")]
+
+
+def test_events_end_flushes_an_unterminated_event():
+    ev = _Events()
+    assert ev.feed(b'data: {"x": 1}') == []
+    assert ev.end() == [(b'{"x": 1}', b"")]
+
+
+def test_events_refuse_an_endless_event_or_line():
+    ev = _Events()
+    with pytest.raises(UpstreamError):
+        for _ in range(HIGH_WATER // 1000 + 2):
+            ev.feed(b"data: " + b"x" * 1000 + b"\n")  # data lines, never a blank line
+    with pytest.raises(UpstreamError):
+        _Events().feed(b"data: " + b"y" * (HIGH_WATER + 10))  # one line, never a newline
+
+
+# ---- through a real gateway ------------------------------------------------------------------
+async def _raw_upstream(parts: list[bytes | float]) -> tuple[web.AppRunner, str]:
+    """An upstream whose SSE body is ``parts``: bytes are written, floats are pauses (s)."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for p in parts:
+            if isinstance(p, float):
+                await asyncio.sleep(p)
+            else:
+                await resp.write(p)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def _gateway(upstream: str, tmp_path) -> tuple[web.AppRunner, str]:
+    cfg = build_config(base_config(upstream, tmp_path / "log.jsonl"), env={})
+    return await start_server(create_app(cfg, env=ENV))
+
+
+async def _stream(gw_url: str) -> tuple[list[str], bytes]:
+    """The client's view: content deltas (parsed as the openai SDK would) and the raw body."""
+    import aiohttp
+    body = {"model": "fast", "messages": MSG, "stream": True}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gw_url + "/v1/chat/completions", json=body,
+                          headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as r:
+            assert r.status == 200
+            raw = await r.read()
+    texts = []
+    for event in raw.split(b"\n\n"):
+        data = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
+        if data and data != [b"[DONE]"]:
+            obj = json.loads(b"\n".join(data))
+            texts += [c["delta"].get("content", "") for c in obj.get("choices", [])]
+    return texts, raw
+
+
+async def test_multi_line_event_is_relayed_as_one_event(tmp_path):
+    pretty = json.dumps(_chunk("Paris"), indent=1).encode()  # JSON over many lines
+    lines = b"".join(b"data: " + ln + b"\n" for ln in pretty.split(b"\n"))
+    parts: list[bytes | float] = [lines + b"\n", b"data: " + json.dumps(
+        _chunk("", "stop")).encode() + b"\n\n", b"data: [DONE]\n\n"]
+    up, up_url = await _raw_upstream(parts)
+    gw, gw_url = await _gateway(up_url, tmp_path)
+    try:
+        texts, raw = await _stream(gw_url)
+    finally:
+        await gw.cleanup()
+        await up.cleanup()
+    assert texts[0] == "Paris"
+    assert raw.endswith(b"data: [DONE]\n\n") and b"error" not in raw
+
+
+async def test_ttft_counts_when_the_event_is_complete(tmp_path):
+    """The data line and its blank line arrive 0.3 s apart: a client can only use the event
+    once the blank line is in, so that is when the first token counts."""
+    first = b"data: " + json.dumps(_chunk("Hi")).encode() + b"\n"
+    parts: list[bytes | float] = [first, 0.3, b"\n", b"data: " + json.dumps(
+        _chunk("", "stop")).encode() + b"\n\n", b"data: [DONE]\n\n"]
+    up, up_url = await _raw_upstream(parts)
+    gw, gw_url = await _gateway(up_url, tmp_path)
+    try:
+        texts, _ = await _stream(gw_url)
+    finally:
+        await gw.cleanup()
+        await up.cleanup()
+    assert texts[0] == "Hi"
+    row = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
+    assert row["status"] == 200 and row["ttft_s"] >= 0.3
+
+
+async def test_stream_without_done_or_final_newline_still_finishes(tmp_path):
+    """An upstream that ends after its finish chunk, with no [DONE] and no trailing blank
+    line: the client still gets the content, the finish and a [DONE]."""
+    parts: list[bytes | float] = [b"data: " + json.dumps(_chunk("ok")).encode() + b"\n\n",
+                                  b"data: " + json.dumps(_chunk("", "stop")).encode()]
+    up, up_url = await _raw_upstream(parts)
+    gw, gw_url = await _gateway(up_url, tmp_path)
+    try:
+        texts, raw = await _stream(gw_url)
+    finally:
+        await gw.cleanup()
+        await up.cleanup()
+    assert texts == ["ok", ""]
+    assert raw.endswith(b"data: [DONE]\n\n")
+    row = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
+    assert row["status"] == 200 and row["finish_reason"] == "stop"
