@@ -78,11 +78,13 @@ class Response:
 
     def release(self) -> None:
         """Done with it: the connection goes back to the pool if the body was read to its end."""
-        self._conn.finish(reuse=self._eof and self._exc is None and not self._chunks)
+        if self._conn.response is self:  # not after release(): the connection may be reused
+            self._conn.finish(reuse=self._eof and self._exc is None and not self._chunks)
 
     def close(self) -> None:
         """Drop the connection now (the upstream sees the disconnect and can stop generating)."""
-        self._conn.finish(reuse=False)
+        if self._conn.response is self:
+            self._conn.finish(reuse=False)
 
     # ---- fed by the connection -------------------------------------------------------------
     def _feed(self, data: bytes) -> None:
@@ -140,7 +142,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
-        if self.parser is not None and self.until_close and self.response is not None:
+        if (self.parser is not None and self.until_close and self.response is not None
+                and exc is None):  # a reset is not a clean end
             self.parser = None  # a body delimited by the connection's end is complete now
             self.response._end()
         elif self.parser is not None:  # still inside a response: it was cut
@@ -155,6 +158,8 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         assert self.response is not None and self.parser is not None
         self.response.status = self.parser.get_status_code()
+        if 100 <= self.response.status < 200:  # interim (103 Early Hints ...): not the answer
+            return
         h = self.response.headers
         self.until_close = ("Content-Length" not in h and "Transfer-Encoding" not in h
                             and self.response.status not in (204, 304))
@@ -167,6 +172,9 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         assert self.response is not None and self.parser is not None
+        if 100 <= self.response.status < 200:  # the final response follows on this parser
+            self.response.status, self.response.headers = 0, CIMultiDict()
+            return
         self.keep_alive = self.parser.should_keep_alive()
         self.parser = None
         self.response._end()
@@ -203,17 +211,20 @@ class _Connection(asyncio.Protocol):
 class Pool:
     """Keep-alive connections per (scheme, host, port); no limit (clients bound concurrency)."""
 
-    def __init__(self, keepalive_seconds: float = 30.0) -> None:
+    def __init__(self, keepalive_seconds: float = 30.0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """``ssl_context``: for HTTPS upstreams (default: the system's trust store)."""
         self.keepalive_seconds = keepalive_seconds
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl = ssl_context
         self._open: set[_Connection] = set()
 
     async def request(self, url: URL, headers: Iterable[tuple[str, str]], body: bytes,
                       connect_timeout: float | None = None) -> Response:
         """POST ``body`` to ``url``; returns once the response headers are in."""
+        head = _head(url, headers, len(body))  # refused headers must not take a connection
         conn = await self._get(url, connect_timeout)
-        resp = conn.send(_head(url, headers, len(body)), body)
+        resp = conn.send(head, body)
         try:
             await conn.headers_done  # type: ignore[misc]
         except BaseException:

@@ -14,7 +14,9 @@ from openai import AsyncOpenAI
 from gateway import state
 from gateway.app import create_app, start_server
 from gateway.config import build_config
+from gateway.httpclient import Pool
 from loadtests.fake_upstream import FakeConfig, FakeUpstream
+from tests.gateway.httpservers import Handler, RawServer
 
 CLIENT_KEY = "sk-client-canary-7d1f0c9a"
 UPSTREAM_KEY = "sk-upstream-canary-b32e88f1"
@@ -108,3 +110,45 @@ async def make_gateway(fake, tmp_path):
 @pytest.fixture
 async def gw(make_gateway) -> Gateway:
     return await make_gateway()
+
+
+# ---- servers for tests/gateway/test_httpclient*.py -------------------------------------------
+@pytest.fixture
+async def raw_server():
+    servers: list[RawServer] = []
+
+    async def start(handler: Handler) -> RawServer:
+        servers.append(srv := RawServer(handler))
+        return await srv.start()
+
+    yield start
+    for srv in servers:
+        srv.server.close()
+        for w in srv.writers:  # handlers still waiting on a connection
+            w.close()
+
+
+@pytest.fixture
+async def web_server(aiohttp_server):
+    """An aiohttp app with one catch-all POST route; returns (base URL, transports seen): one
+    transport per TCP connection, compared by identity (kept alive, so never confused)."""
+    async def start(handler, **kw):
+        transports: list[object] = []
+
+        async def route(request: web.Request) -> web.StreamResponse:
+            if request.transport not in transports:
+                transports.append(request.transport)
+            return await handler(request)
+
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", route)
+        return (await aiohttp_server(app, **kw)).make_url("/"), transports
+
+    return start
+
+
+@pytest.fixture
+async def pool():
+    p = Pool()
+    yield p
+    await p.close()
