@@ -146,6 +146,9 @@ class _Events:
 
     def feed(self, chunk: bytes) -> list[tuple[bytes | None, bytes]]:
         """-> [(data payload, b"") for each complete event | (None, raw line) to pass on]."""
+        if (not self.tail and not self.data and chunk[:5] == b"data:"
+                and chunk[-2:] == b"\n\n" and chunk.count(b"\n") == 2):
+            return [(chunk[5:-2].strip(), b"")]  # the usual read: exactly one one-line event
         lines = (self.tail + chunk if self.tail else chunk).split(b"\n")
         self.tail = lines.pop()
         if len(self.tail) > HIGH_WATER:

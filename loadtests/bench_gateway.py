@@ -155,7 +155,7 @@ def phase_latency(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     runs = []
     try:
         for c in [int(x) for x in a.concurrency.split(",")]:
-            n = a.requests_1 if c == 1 else c * a.rounds
+            n = a.requests_1 if c == 1 else max(c * a.rounds, a.min_requests)
             for name, base in urls.items():
                 pid, fpid = procs[name].pid, fake.pid
                 cpu0, fcpu0 = _cpu_s(pid), _cpu_s(fpid)
@@ -326,6 +326,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--itl-ms", type=float, default=10.0)
     r.add_argument("--requests-1", type=int, default=100, help="timed requests at c=1")
     r.add_argument("--rounds", type=int, default=4, help="timed requests = c x rounds (c>1)")
+    r.add_argument("--min-requests", type=int, default=2000,
+                   help="at least this many timed requests when c>1: a p99 from 400 samples "
+                        "is the 4th largest, and a difference of two such p99s is mostly noise")
     r.add_argument("--open-streams", type=int, default=1000)
     r.add_argument("--growth-requests", type=int, default=100_000)
     r.add_argument("--growth-tokens", type=int, default=16)

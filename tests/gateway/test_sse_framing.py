@@ -35,6 +35,13 @@ def test_events_join_data_lines_and_pass_other_lines():
     assert ev.feed(b"\n") == [(b"[DONE]", b"")]
 
 
+def test_events_one_line_event_per_read():
+    ev = _Events()  # the common case has its own short path: same results
+    assert ev.feed(b'data: {"a": 1}\n\n') == [(b'{"a": 1}', b"")]
+    assert ev.feed(b'data: {"b": 2}\r\n\r\n') == [(b'{"b": 2}', b"")]
+    assert ev.feed(b"data: [DONE]\n\n") == [(b"[DONE]", b"")]
+
+
 def test_events_end_flushes_an_unterminated_event():
     ev = _Events()
     assert ev.feed(b'data: {"x": 1}') == []
@@ -74,20 +81,23 @@ async def _raw_upstream(parts: list[bytes | float]) -> tuple[web.AppRunner, str]
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
 
 
-async def _gateway(upstream: str, tmp_path) -> tuple[web.AppRunner, str]:
-    cfg = build_config(base_config(upstream, tmp_path / "log.jsonl"), env={})
-    return await start_server(create_app(cfg, env=ENV))
-
-
-async def _stream(gw_url: str) -> tuple[list[str], bytes]:
-    """The client's view: content deltas (parsed as the openai SDK would) and the raw body."""
+async def _through_gateway(parts: list[bytes | float], tmp_path) -> tuple[list[str], bytes]:
+    """Serve ``parts`` from a raw upstream, stream them through a gateway; the client's view:
+    content deltas (parsed as the openai SDK would) and the raw body."""
     import aiohttp
+    up, up_url = await _raw_upstream(parts)
+    cfg = build_config(base_config(up_url, tmp_path / "log.jsonl"), env={})
+    gw, gw_url = await start_server(create_app(cfg, env=ENV))
     body = {"model": "fast", "messages": MSG, "stream": True}
-    async with aiohttp.ClientSession() as s:
-        async with s.post(gw_url + "/v1/chat/completions", json=body,
-                          headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as r:
-            assert r.status == 200
-            raw = await r.read()
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(gw_url + "/v1/chat/completions", json=body,
+                              headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as r:
+                assert r.status == 200
+                raw = await r.read()
+    finally:
+        await gw.cleanup()  # also flushes the request log
+        await up.cleanup()
     texts = []
     for event in raw.split(b"\n\n"):
         data = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
@@ -97,18 +107,16 @@ async def _stream(gw_url: str) -> tuple[list[str], bytes]:
     return texts, raw
 
 
+def _last_log_row(tmp_path) -> dict[str, Any]:
+    return json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
+
+
 async def test_multi_line_event_is_relayed_as_one_event(tmp_path):
     pretty = json.dumps(_chunk("Paris"), indent=1).encode()  # JSON over many lines
     lines = b"".join(b"data: " + ln + b"\n" for ln in pretty.split(b"\n"))
     parts: list[bytes | float] = [lines + b"\n", b"data: " + json.dumps(
         _chunk("", "stop")).encode() + b"\n\n", b"data: [DONE]\n\n"]
-    up, up_url = await _raw_upstream(parts)
-    gw, gw_url = await _gateway(up_url, tmp_path)
-    try:
-        texts, raw = await _stream(gw_url)
-    finally:
-        await gw.cleanup()
-        await up.cleanup()
+    texts, raw = await _through_gateway(parts, tmp_path)
     assert texts[0] == "Paris"
     assert raw.endswith(b"data: [DONE]\n\n") and b"error" not in raw
 
@@ -119,15 +127,9 @@ async def test_ttft_counts_when_the_event_is_complete(tmp_path):
     first = b"data: " + json.dumps(_chunk("Hi")).encode() + b"\n"
     parts: list[bytes | float] = [first, 0.3, b"\n", b"data: " + json.dumps(
         _chunk("", "stop")).encode() + b"\n\n", b"data: [DONE]\n\n"]
-    up, up_url = await _raw_upstream(parts)
-    gw, gw_url = await _gateway(up_url, tmp_path)
-    try:
-        texts, _ = await _stream(gw_url)
-    finally:
-        await gw.cleanup()
-        await up.cleanup()
+    texts, _ = await _through_gateway(parts, tmp_path)
     assert texts[0] == "Hi"
-    row = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
+    row = _last_log_row(tmp_path)
     assert row["status"] == 200 and row["ttft_s"] >= 0.3
 
 
@@ -136,14 +138,8 @@ async def test_stream_without_done_or_final_newline_still_finishes(tmp_path):
     line: the client still gets the content, the finish and a [DONE]."""
     parts: list[bytes | float] = [b"data: " + json.dumps(_chunk("ok")).encode() + b"\n\n",
                                   b"data: " + json.dumps(_chunk("", "stop")).encode()]
-    up, up_url = await _raw_upstream(parts)
-    gw, gw_url = await _gateway(up_url, tmp_path)
-    try:
-        texts, raw = await _stream(gw_url)
-    finally:
-        await gw.cleanup()
-        await up.cleanup()
+    texts, raw = await _through_gateway(parts, tmp_path)
     assert texts == ["ok", ""]
     assert raw.endswith(b"data: [DONE]\n\n")
-    row = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
+    row = _last_log_row(tmp_path)
     assert row["status"] == 200 and row["finish_reason"] == "stop"
