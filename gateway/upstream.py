@@ -41,6 +41,7 @@ def forward_headers(client: CIMultiDictProxy[str], request_id: str) -> CIMultiDi
         if low not in _DROP and low not in named:
             out.add(name, value)
     out["Content-Type"] = "application/json"
+    out["Accept-Encoding"] = "identity"  # relayed as is: SSE must not be compressed
     out["x-request-id"] = request_id
     return out
 
@@ -124,6 +125,10 @@ async def _attempt(pool: Pool, dep: Deployment, endpoint: str,
     rec.t_headers_ns = time.perf_counter_ns()
     if resp.status != 200:
         await _classify(resp, dep)
+    if resp.headers.get("Content-Encoding", "identity").lower() != "identity":
+        resp.close()  # asked for identity; a compressed body would reach the client garbled
+        raise BadGateway(f"Provider {dep.provider.name!r} sent a compressed body "
+                         f"({resp.headers['Content-Encoding']}).", code="upstream_bad_encoding")
     return Opened(resp, dep, first_deadline, total_deadline)
 
 

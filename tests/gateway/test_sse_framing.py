@@ -143,3 +143,35 @@ async def test_stream_without_done_or_final_newline_still_finishes(tmp_path):
     assert raw.endswith(b"data: [DONE]\n\n")
     row = _last_log_row(tmp_path)
     assert row["status"] == 200 and row["finish_reason"] == "stop"
+
+
+async def test_compressed_upstream_body_is_refused(tmp_path):
+    """The gateway asks for identity encoding; a gzip body anyway is a 502, never relayed."""
+    import aiohttp
+    seen: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Accept-Encoding", ""))
+        await request.read()
+        return web.Response(body=b"\x1f\x8b not really gzip", content_type="text/event-stream",
+                            headers={"Content-Encoding": "gzip"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    up = web.AppRunner(app)
+    await up.setup()
+    await web.TCPSite(up, "127.0.0.1", 0).start()
+    cfg = build_config(base_config(f"http://127.0.0.1:{up.addresses[0][1]}",
+                                   tmp_path / "log.jsonl"), env={})
+    gw, gw_url = await start_server(create_app(cfg, env=ENV))
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(gw_url + "/v1/chat/completions",
+                              json={"model": "fast", "messages": MSG, "stream": True},
+                              headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as r:
+                status, err = r.status, await r.json()
+    finally:
+        await gw.cleanup()
+        await up.cleanup()
+    assert seen == ["identity"]
+    assert status == 502 and err["error"]["code"] == "upstream_bad_encoding"
