@@ -1,7 +1,8 @@
 """The one relay path: upstream 200 response -> client, for chat and completions, SSE and JSON.
 
-SSE events are written to the client as each line arrives (one ``write`` per event, no
-buffering), with timestamps for TTFT/ITL/TPOT taken when the client write returns. After the
+SSE events are relayed as they arrive, no buffering: what one upstream read completes leaves
+in one client ``write``, and TTFT/ITL/TPOT are stamped when that write returns. An event is
+complete at its blank line (the SSE spec), so that is when a content event counts. After the
 first byte went to the client an upstream failure can no longer be retried: the stream ends
 with an OpenAI-style error event and no ``[DONE]``.
 """
@@ -143,6 +144,7 @@ class _Events:
         self.tail = b""                  # an unfinished line
         self.data: list[bytes] = []      # data lines of the event being read
         self.size = 0                    # their bytes
+        self.fields = False              # other lines of it were passed on already
 
     def feed(self, chunk: bytes) -> list[tuple[bytes | None, bytes]]:
         """-> [(data payload, b"") for each complete event | (None, raw line) to pass on]."""
@@ -170,9 +172,13 @@ class _Events:
                     raise UpstreamError(f"SSE event longer than {HIGH_WATER} bytes")
             elif line.strip():  # comments / event: / id: lines pass through unchanged
                 out.append((None, line.rstrip(b"\r") + b"\n"))
+                self.fields = self.fields or line[:1] != b":"
             elif self.data:  # blank line: the event is complete
                 out.append((b"\n".join(self.data), b""))
-                self.data, self.size = [], 0
+                self.data, self.size, self.fields = [], 0, False
+            elif self.fields:  # an event without data (event: ping): end it for the client too,
+                out.append((None, b"\n"))  # or its fields would attach to the next one
+                self.fields = False
         return out
 
 

@@ -35,6 +35,13 @@ def test_events_join_data_lines_and_pass_other_lines():
     assert ev.feed(b"\n") == [(b"[DONE]", b"")]
 
 
+def test_events_field_only_event_is_ended_for_the_client():
+    # "event: ping" with no data must not lend its type to the next event
+    assert _Events().feed(b"event: ping\n\ndata: x\n\n") == [
+        (None, b"event: ping\n"), (None, b"\n"), (b"x", b"")]
+    assert _Events().feed(b": comment\n\n") == [(None, b": comment\n")]
+
+
 def test_events_one_line_event_per_read():
     ev = _Events()  # the common case has its own short path: same results
     assert ev.feed(b'data: {"a": 1}\n\n') == [(b'{"a": 1}', b"")]
