@@ -218,6 +218,7 @@ class Pool:
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._ssl = ssl_context
         self._open: set[_Connection] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def request(self, url: URL, headers: Iterable[tuple[str, str]], body: bytes,
                       connect_timeout: float | None = None) -> Response:
@@ -266,7 +267,23 @@ class Pool:
 
     def put(self, conn: _Connection) -> None:
         conn.idle_since = time.monotonic()
-        self._idle.setdefault(conn.key, []).append(conn)
+        self._idle.setdefault(conn.key, []).append(conn)  # oldest first
+        if self._sweeper is None:
+            self._sweeper = conn.loop.call_later(self.keepalive_seconds, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close connections idle for keepalive_seconds, so a burst of streams does not leave
+        its connections open after the traffic is gone (the upstream holds them too)."""
+        self._sweeper = None
+        cutoff = time.monotonic() - self.keepalive_seconds
+        left = False
+        for idle in self._idle.values():
+            while idle and idle[0].idle_since <= cutoff:
+                idle.pop(0).transport.close()
+            left = left or bool(idle)
+        if left:
+            self._sweeper = asyncio.get_running_loop().call_later(
+                self.keepalive_seconds / 2, self._sweep)
 
     def forget(self, conn: _Connection) -> None:
         self._open.discard(conn)
@@ -275,6 +292,9 @@ class Pool:
             idle.remove(conn)
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for conn in list(self._open):
             conn.transport.abort()
         self._open.clear()

@@ -189,3 +189,23 @@ async def test_pool_close_aborts_active_and_idle_connections(raw_server, pool):
     assert await until(lambda: gone == {b"/idle", b"/active"})
     with pytest.raises(UpstreamError):
         await active.readany()
+
+
+async def test_idle_connections_are_closed_after_keepalive(raw_server):
+    """A connection left idle in the pool is closed after keepalive_seconds, even when no
+    further request comes to reuse (and lazily expire) it."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await reader.read()  # until the client closes
+
+    srv = await raw_server(handler)
+    pool = Pool(keepalive_seconds=0.2)
+    try:
+        resp = await pool.request(srv.url("/"), [], b"x")
+        assert await resp.read() == b"ok"
+        resp.release()
+        assert srv.finished == 0  # kept alive for now
+        assert await until(lambda: srv.finished == 1)
+    finally:
+        await pool.close()
