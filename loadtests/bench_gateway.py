@@ -15,6 +15,9 @@ sub-command: one uvloop + aiohttp process, closed loop of N concurrent streams).
 
 Raw samples' percentiles (with counts) and settings go to ``<out>/gateway-<phase><tag>.json``.
 ``--pin`` puts the proxy under test alone on CPU 1 and the fake upstream + client on CPU 0.
+``--timers`` picks the fake's delays (``precise``: exact, the default; ``loop``: uvloop's
+millisecond ticks); ``--stamp`` splits each TTFT into request and response path from the fake's
+send/receipt stamps; ``--samples-dir`` keeps every timed request's timestamps.
 """
 from __future__ import annotations
 
