@@ -93,11 +93,7 @@ async def _fail(resp: web.StreamResponse, rec: RequestRecord, series: Any,
     """End a started stream with an error event and no [DONE]; the request counts as failed."""
     rec.status, rec.error = err.status, f"{err.code}: {err.message}"
     series.errors.inc()
-    try:
-        await resp.write(err.sse())
-        await resp.write_eof()
-    except ConnectionError:
-        raise ClientGone() from None
+    await _write(resp.write_eof, err.sse())  # the error event and the body's end, one send
     rec.t_end_ns = time.perf_counter_ns()
 
 
@@ -148,9 +144,6 @@ class _Events:
 
     def feed(self, chunk: bytes) -> list[tuple[bytes | None, bytes]]:
         """-> [(data payload, b"") for each complete event | (None, raw line) to pass on]."""
-        if (not self.tail and not self.data and chunk[:5] == b"data:"
-                and chunk[-2:] == b"\n\n" and chunk.count(b"\n") == 2):
-            return [(chunk[5:-2].strip(), b"")]  # the usual read: exactly one one-line event
         lines = (self.tail + chunk if self.tail else chunk).split(b"\n")
         self.tail = lines.pop()
         if len(self.tail) > HIGH_WATER:
@@ -214,29 +207,29 @@ async def _pump(resp: web.StreamResponse, opened: Opened, rec: RequestRecord, se
                 await _write(resp.write, b"".join(out))
                 t_written = clock()
                 rec.relay_ns += t_written - t_read
-                for _ in range(contents):
-                    first = rec.t_first_ns is None
-                    gap = rec.content(t_read, t_written)
-                    if first:
-                        deadline.reschedule(opened.total_deadline)
-                    elif gap is not None:
-                        itl.observe(gap / 1e9)
+                if _contents_written(rec, contents, t_read, t_written, itl):
+                    deadline.reschedule(opened.total_deadline)
     if not done and rec.finish_reason is None:
         raise UpstreamError("upstream stream ended before completion")
     # The upstream's [DONE] (or ours, when it finished cleanly without one: clients expect
     # it) leaves with the end of the chunked body, in one send.
     out.append(b"data: [DONE]\n\n")
-    try:
-        await resp.write_eof(b"".join(out))
-    except ConnectionError:
-        raise ClientGone() from None
-    t_end = rec.t_end_ns = clock()
-    for _ in range(contents):  # content in the same read as [DONE]
-        gap = rec.content(t_read, t_end)
-        if gap is not None:
-            itl.observe(gap / 1e9)
+    await _write(resp.write_eof, b"".join(out))
+    rec.t_end_ns = clock()
+    _contents_written(rec, contents, t_read, rec.t_end_ns, itl)  # content read with [DONE]
     rec.status = 200
     await _drain(opened.response)
+
+
+def _contents_written(rec: RequestRecord, n: int, t_read: int, t_written: int,
+                      itl: Any) -> bool:
+    """Note ``n`` content events that left in one write; True if the stream's first was one."""
+    first = n > 0 and rec.t_first_ns is None
+    for _ in range(n):
+        gap = rec.content(t_read, t_written)
+        if gap is not None:  # None for the stream's first content
+            itl.observe(gap / 1e9)
+    return first
 
 
 async def _drain(upstream: Response) -> None:
@@ -267,7 +260,7 @@ async def _relay_json(opened: Opened, rec: RequestRecord) -> web.Response:
                              "in time.") from None
     except UpstreamError as exc:
         raise BadGateway(f"Upstream body from provider {opened.deployment.provider.name!r} "
-                         f"broke ({type(exc).__name__}).", code="upstream_stream_error") from None
+                         f"broke ({exc}).", code="upstream_stream_error") from None
     t_read = time.perf_counter_ns()
     try:
         obj = json.loads(raw)
