@@ -43,7 +43,7 @@ def test_events_field_only_event_is_ended_for_the_client():
 
 
 def test_events_one_line_event_per_read():
-    ev = _Events()  # the common case has its own short path: same results
+    ev = _Events()  # the common case: one one-line event per read
     assert ev.feed(b'data: {"a": 1}\n\n') == [(b'{"a": 1}', b"")]
     assert ev.feed(b'data: {"b": 2}\r\n\r\n') == [(b'{"b": 2}', b"")]
     assert ev.feed(b"data: [DONE]\n\n") == [(b"[DONE]", b"")]
@@ -65,8 +65,28 @@ def test_events_refuse_an_endless_event_or_line():
 
 
 # ---- through a real gateway ------------------------------------------------------------------
-async def _raw_upstream(parts: list[bytes | float]) -> tuple[web.AppRunner, str]:
-    """An upstream whose SSE body is ``parts``: bytes are written, floats are pauses (s)."""
+async def _post_through_gateway(web_server, handler, tmp_path) -> tuple[int, bytes]:
+    """A gateway in front of an upstream served by ``handler``; one streaming chat request
+    through it: (status, raw body). Stopping the gateway also flushes its request log."""
+    import aiohttp
+    up_url, _ = await web_server(handler)
+    cfg = build_config(base_config(str(up_url).rstrip("/"), tmp_path / "log.jsonl"), env={})
+    gw, gw_url = await start_server(create_app(cfg, env=ENV))
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(gw_url + "/v1/chat/completions",
+                              json={"model": "fast", "messages": MSG, "stream": True},
+                              headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as r:
+                return r.status, await r.read()
+    finally:
+        await gw.cleanup()
+
+
+async def _through_gateway(web_server, parts: list[bytes | float],
+                           tmp_path) -> tuple[list[str], bytes]:
+    """An upstream whose SSE body is ``parts`` (bytes are written, floats are pauses in s),
+    through a gateway; the client's view: content deltas (parsed as the openai SDK would) and
+    the raw body."""
     async def handler(request: web.Request) -> web.StreamResponse:
         await request.read()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -79,32 +99,8 @@ async def _raw_upstream(parts: list[bytes | float]) -> tuple[web.AppRunner, str]
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-
-async def _through_gateway(parts: list[bytes | float], tmp_path) -> tuple[list[str], bytes]:
-    """Serve ``parts`` from a raw upstream, stream them through a gateway; the client's view:
-    content deltas (parsed as the openai SDK would) and the raw body."""
-    import aiohttp
-    up, up_url = await _raw_upstream(parts)
-    cfg = build_config(base_config(up_url, tmp_path / "log.jsonl"), env={})
-    gw, gw_url = await start_server(create_app(cfg, env=ENV))
-    body = {"model": "fast", "messages": MSG, "stream": True}
-    try:
-        async with aiohttp.ClientSession() as s:
-            async with s.post(gw_url + "/v1/chat/completions", json=body,
-                              headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as r:
-                assert r.status == 200
-                raw = await r.read()
-    finally:
-        await gw.cleanup()  # also flushes the request log
-        await up.cleanup()
+    status, raw = await _post_through_gateway(web_server, handler, tmp_path)
+    assert status == 200
     texts = []
     for event in raw.split(b"\n\n"):
         data = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
@@ -118,43 +114,42 @@ def _last_log_row(tmp_path) -> dict[str, Any]:
     return json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
 
 
-async def test_multi_line_event_is_relayed_as_one_event(tmp_path):
+async def test_multi_line_event_is_relayed_as_one_event(web_server, tmp_path):
     pretty = json.dumps(_chunk("Paris"), indent=1).encode()  # JSON over many lines
     lines = b"".join(b"data: " + ln + b"\n" for ln in pretty.split(b"\n"))
     parts: list[bytes | float] = [lines + b"\n", b"data: " + json.dumps(
         _chunk("", "stop")).encode() + b"\n\n", b"data: [DONE]\n\n"]
-    texts, raw = await _through_gateway(parts, tmp_path)
+    texts, raw = await _through_gateway(web_server, parts, tmp_path)
     assert texts[0] == "Paris"
     assert raw.endswith(b"data: [DONE]\n\n") and b"error" not in raw
 
 
-async def test_ttft_counts_when_the_event_is_complete(tmp_path):
+async def test_ttft_counts_when_the_event_is_complete(web_server, tmp_path):
     """The data line and its blank line arrive 0.3 s apart: a client can only use the event
     once the blank line is in, so that is when the first token counts."""
     first = b"data: " + json.dumps(_chunk("Hi")).encode() + b"\n"
     parts: list[bytes | float] = [first, 0.3, b"\n", b"data: " + json.dumps(
         _chunk("", "stop")).encode() + b"\n\n", b"data: [DONE]\n\n"]
-    texts, _ = await _through_gateway(parts, tmp_path)
+    texts, _ = await _through_gateway(web_server, parts, tmp_path)
     assert texts[0] == "Hi"
     row = _last_log_row(tmp_path)
     assert row["status"] == 200 and row["ttft_s"] >= 0.3
 
 
-async def test_stream_without_done_or_final_newline_still_finishes(tmp_path):
+async def test_stream_without_done_or_final_newline_still_finishes(web_server, tmp_path):
     """An upstream that ends after its finish chunk, with no [DONE] and no trailing blank
     line: the client still gets the content, the finish and a [DONE]."""
     parts: list[bytes | float] = [b"data: " + json.dumps(_chunk("ok")).encode() + b"\n\n",
                                   b"data: " + json.dumps(_chunk("", "stop")).encode()]
-    texts, raw = await _through_gateway(parts, tmp_path)
+    texts, raw = await _through_gateway(web_server, parts, tmp_path)
     assert texts == ["ok", ""]
     assert raw.endswith(b"data: [DONE]\n\n")
     row = _last_log_row(tmp_path)
     assert row["status"] == 200 and row["finish_reason"] == "stop"
 
 
-async def test_compressed_upstream_body_is_refused(tmp_path):
+async def test_compressed_upstream_body_is_refused(web_server, tmp_path):
     """The gateway asks for identity encoding; a gzip body anyway is a 502, never relayed."""
-    import aiohttp
     seen: list[str] = []
 
     async def handler(request: web.Request) -> web.Response:
@@ -163,22 +158,6 @@ async def test_compressed_upstream_body_is_refused(tmp_path):
         return web.Response(body=b"\x1f\x8b not really gzip", content_type="text/event-stream",
                             headers={"Content-Encoding": "gzip"})
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    up = web.AppRunner(app)
-    await up.setup()
-    await web.TCPSite(up, "127.0.0.1", 0).start()
-    cfg = build_config(base_config(f"http://127.0.0.1:{up.addresses[0][1]}",
-                                   tmp_path / "log.jsonl"), env={})
-    gw, gw_url = await start_server(create_app(cfg, env=ENV))
-    try:
-        async with aiohttp.ClientSession() as s:
-            async with s.post(gw_url + "/v1/chat/completions",
-                              json={"model": "fast", "messages": MSG, "stream": True},
-                              headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as r:
-                status, err = r.status, await r.json()
-    finally:
-        await gw.cleanup()
-        await up.cleanup()
+    status, raw = await _post_through_gateway(web_server, handler, tmp_path)
     assert seen == ["identity"]
-    assert status == 502 and err["error"]["code"] == "upstream_bad_encoding"
+    assert status == 502 and json.loads(raw)["error"]["code"] == "upstream_bad_encoding"

@@ -154,18 +154,24 @@ def test_run_in_thread_and_cli():
             assert json.loads(r.read()) == {"status": "ok"}
     finally:
         stop()
+    body = _cli_completion(["--ttft-ms", "0", "--itl-ms", "0", "--tokens", "3"],
+                           b'{"prompt": "a"}')
+    assert json.loads(body)["usage"]["completion_tokens"] == 3
+
+
+def _cli_completion(flags: list[str], body: bytes) -> bytes:
+    """Start the fake with ``python -m loadtests.fake_upstream <flags>``, POST ``body`` to
+    /v1/completions, return the response body."""
     proc = subprocess.Popen([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
-                             "--ttft-ms", "0", "--itl-ms", "0", "--tokens", "3"],
-                            stdout=subprocess.PIPE, text=True)
+                             *flags], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith("listening http://127.0.0.1:")
         import urllib.request
-        req = urllib.request.Request(line.split()[1] + "/v1/completions",
-                                     data=b'{"prompt": "a"}',
+        req = urllib.request.Request(line.split()[1] + "/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=5) as r:
-            assert json.loads(r.read())["usage"]["completion_tokens"] == 3
+            return r.read()
     finally:
         proc.terminate()
         proc.wait(10)
@@ -242,19 +248,7 @@ async def test_precise_timer_cancelled_sleeper_does_not_block_others():
 
 
 def test_cli_precise_flags():
-    proc = subprocess.Popen([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
-                             "--ttft-ms", "5", "--itl-ms", "0", "--tokens", "2",
-                             "--precise-timers", "--stamp", "--loop", "asyncio"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("listening http://127.0.0.1:")
-        import urllib.request
-        req = urllib.request.Request(line.split()[1] + "/v1/completions",
-                                     data=b'{"prompt": "a", "stream": true}',
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=5) as r:
-            assert b'"fake_sent_ns":' in r.read()
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    body = _cli_completion(["--ttft-ms", "5", "--itl-ms", "0", "--tokens", "2",
+                            "--precise-timers", "--stamp", "--loop", "asyncio"],
+                           b'{"prompt": "a", "stream": true}')
+    assert b'"fake_sent_ns":' in body
