@@ -36,6 +36,7 @@ run-backend: setup model
 	$(BIN)/python -m backend --model smollm2-135m-instruct --port $(BACKEND_PORT)
 
 test: setup model
+	bash tests/system-packages.sh
 	$(BIN)/python -m pytest -q tests
 
 demo: setup model
