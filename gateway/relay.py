@@ -1,8 +1,9 @@
 """The one relay path: upstream 200 response -> client, for chat and completions, SSE and JSON.
 
 SSE events are relayed as they arrive, no buffering: what one upstream read completes leaves
-in one client ``write``, and TTFT/ITL/TPOT are stamped when that write returns. An event is
-complete at its blank line (the SSE spec), so that is when a content event counts. After the
+in one client ``write``, and TTFT/ITL/TPOT are stamped when that write returns. Framing and the
+content-bearing rule come from ``openai_stream`` (the same ones the load tester uses); an event
+is complete at its blank line (the SSE spec), so that is when a content event counts. After the
 first byte went to the client an upstream failure can no longer be retried: the stream ends
 with an OpenAI-style error event and no ``[DONE]``.
 """
@@ -19,6 +20,7 @@ from gateway.errors import BadGateway, GatewayError, GatewayTimeout
 from gateway.httpclient import HIGH_WATER, Response, UpstreamError
 from gateway.record import RequestRecord
 from gateway.upstream import Opened
+from openai_stream import SSEError, SSEFramer, finish_reason_of, has_content, is_done, usage_of
 
 # The C scanner json.loads itself ends in; it keeps no state between calls.
 _SCAN = json.JSONDecoder().scan_once
@@ -30,35 +32,18 @@ class ClientGone(Exception):
     """The client closed its connection while we were writing to it."""
 
 
-def _has_content(choices: Any) -> bool:
-    """Content-bearing: non-empty content/reasoning/tool_calls (chat) or text (completions)."""
-    if not choices:
-        return False
-    for c in choices:
-        if not isinstance(c, dict):
-            continue
-        if c.get("text"):
-            return True
-        d = c.get("delta")
-        if isinstance(d, dict) and (d.get("content") or d.get("reasoning_content")
-                                    or d.get("reasoning") or d.get("tool_calls")):
-            return True
-    return False
-
-
 def _note_usage(rec: RequestRecord, obj: dict) -> None:
-    usage = obj.get("usage")
-    if isinstance(usage, dict):
-        if isinstance(usage.get("prompt_tokens"), int):
-            rec.prompt_tokens = usage["prompt_tokens"]
-        if isinstance(usage.get("completion_tokens"), int):
-            rec.completion_tokens = usage["completion_tokens"]
+    prompt, completion = usage_of(obj)
+    if prompt is not None:
+        rec.prompt_tokens = prompt
+    if completion is not None:
+        rec.completion_tokens = completion
 
 
 def _note_finish(rec: RequestRecord, choices: Any) -> None:
-    for c in choices or ():
-        if isinstance(c, dict) and c.get("finish_reason"):
-            rec.finish_reason = c["finish_reason"]
+    reason = finish_reason_of(choices)
+    if reason:
+        rec.finish_reason = reason
 
 
 async def relay(request: web.Request, opened: Opened, rec: RequestRecord, series: Any,
@@ -78,7 +63,7 @@ async def relay(request: web.Request, opened: Opened, rec: RequestRecord, series
             await _fail(resp, rec, series, GatewayTimeout(
                 f"Provider {name!r} did not send the {what} in time."))
         except (UpstreamError, ValueError) as exc:
-            why = str(exc) if isinstance(exc, UpstreamError) else "malformed SSE data"
+            why = str(exc) if isinstance(exc, (UpstreamError, SSEError)) else "malformed SSE data"
             await _fail(resp, rec, series, BadGateway(
                 f"Upstream stream from provider {name!r} broke ({why}).",
                 code="upstream_stream_error"))
@@ -129,50 +114,7 @@ def _event(rec: RequestRecord, payload: bytes, strip_usage: bool) -> tuple[bytes
     _note_finish(rec, choices)
     if b"\n" in payload:  # a multi-line event (pretty-printed JSON) stays one event
         payload = payload.replace(b"\n", b"\ndata: ")
-    return b"data: " + payload + b"\n\n", _has_content(choices)
-
-
-class _Events:
-    """SSE framing: bytes in, complete events out (spec: an event ends at a blank line; its
-    ``data:`` lines are joined with "\\n"). Other fields and comments pass through as lines."""
-
-    def __init__(self) -> None:
-        self.tail = b""                  # an unfinished line
-        self.data: list[bytes] = []      # data lines of the event being read
-        self.size = 0                    # their bytes
-        self.fields = False              # other lines of it were passed on already
-
-    def feed(self, chunk: bytes) -> list[tuple[bytes | None, bytes]]:
-        """-> [(data payload, b"") for each complete event | (None, raw line) to pass on]."""
-        lines = (self.tail + chunk if self.tail else chunk).split(b"\n")
-        self.tail = lines.pop()
-        if len(self.tail) > HIGH_WATER:
-            raise UpstreamError(f"SSE line longer than {HIGH_WATER} bytes")
-        return self._lines(lines)
-
-    def end(self) -> list[tuple[bytes | None, bytes]]:
-        """The body ended: a last line without newline, or event without blank line, counts."""
-        lines, self.tail = ([self.tail] if self.tail else []), b""
-        return self._lines(lines + [b""])
-
-    def _lines(self, lines: list[bytes]) -> list[tuple[bytes | None, bytes]]:
-        out: list[tuple[bytes | None, bytes]] = []
-        for line in lines:
-            if line[:5] == b"data:":
-                self.data.append(line[5:].strip())
-                self.size += len(line)
-                if self.size > HIGH_WATER:  # an event that never ends must not grow forever
-                    raise UpstreamError(f"SSE event longer than {HIGH_WATER} bytes")
-            elif line.strip():  # comments / event: / id: lines pass through unchanged
-                out.append((None, line.rstrip(b"\r") + b"\n"))
-                self.fields = self.fields or line[:1] != b":"
-            elif self.data:  # blank line: the event is complete
-                out.append((b"\n".join(self.data), b""))
-                self.data, self.size, self.fields = [], 0, False
-            elif self.fields:  # an event without data (event: ping): end it for the client too,
-                out.append((None, b"\n"))  # or its fields would attach to the next one
-                self.fields = False
-        return out
+    return b"data: " + payload + b"\n\n", has_content(choices)
 
 
 async def _pump(resp: web.StreamResponse, opened: Opened, rec: RequestRecord, series: Any,
@@ -182,7 +124,7 @@ async def _pump(resp: web.StreamResponse, opened: Opened, rec: RequestRecord, se
     readany = opened.response.readany
     clock = time.perf_counter_ns
     itl = series.itl
-    sse = _Events()
+    sse = SSEFramer(HIGH_WATER)
     done = False
     async with asyncio.timeout_at(opened.first_deadline) as deadline:
         while not done:
@@ -193,14 +135,14 @@ async def _pump(resp: web.StreamResponse, opened: Opened, rec: RequestRecord, se
             for payload, line in (sse.feed(data) if data else sse.end()):
                 if payload is None:
                     out.append(line)
-                elif payload == b"[DONE]":
+                elif is_done(payload):
                     done = True
                     break
                 else:
-                    event, has_content = _event(rec, payload, strip_usage)
+                    event, content = _event(rec, payload, strip_usage)
                     if event is not None:
                         out.append(event)
-                        contents += has_content
+                        contents += content
             if done or not data:
                 break
             if out:

@@ -23,7 +23,6 @@ import json
 import math
 import os
 import platform
-import re
 import socket
 import subprocess
 import sys
@@ -31,9 +30,12 @@ import threading
 import time
 from urllib.parse import urlsplit
 
+import httptools
+
 from loadtests.procs import stop_process
 from loadtests.records import read_records, summary_path
 from loadtests.stats import summarize
+from openai_stream import SSEFramer, has_content, is_done
 
 CHAT_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat.py")
 
@@ -74,24 +76,44 @@ def reference_errors(url: str, n: int, ttft_ms: float, tokens: int,
         with socket.create_connection((u.hostname, u.port), timeout=30) as s:
             t0 = time.perf_counter_ns()  # CLOCK_MONOTONIC, the fake's stamp clock too
             s.sendall(head + body)
-            buf = b""
-            idx = -1  # until the whole first content event (with its stamps) is in
-            while idx < 0 or buf.find(b"\n\n", idx) < 0:
-                chunk = s.recv(65536)
-                if not chunk:
-                    raise RuntimeError("reference stream ended before content")
-                buf += chunk
-                idx = buf.find(b'"content":"t0')
+            first = _first_content_event(s)
             t1 = time.perf_counter_ns()
-        out.append(_reference_sample(buf, t0, t1, ttft_ms))
+        out.append(_reference_sample(first, t0, t1, ttft_ms))
     return out
 
 
-def _reference_sample(buf: bytes, t0: int, t1: int, ttft_ms: float) -> dict[str, float]:
+class _FirstContent:
+    """httptools callbacks: frames the body as SSE and keeps the first content-bearing event."""
+
+    def __init__(self) -> None:
+        self.framer = SSEFramer()
+        self.event: dict | None = None
+
+    def on_body(self, body: bytes) -> None:
+        for data, _ in self.framer.feed(body):
+            if data is None or self.event is not None or is_done(data):
+                continue
+            obj = json.loads(data)
+            if isinstance(obj, dict) and has_content(obj.get("choices")):
+                self.event = obj
+
+
+def _first_content_event(s: socket.socket) -> dict:
+    """Read one response until its first content-bearing event is complete; that event."""
+    sink = _FirstContent()
+    parser = httptools.HttpResponseParser(sink)
+    while sink.event is None:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise RuntimeError("reference stream ended before content")
+        parser.feed_data(chunk)
+    return sink.event
+
+
+def _reference_sample(event: dict, t0: int, t1: int, ttft_ms: float) -> dict[str, float]:
     sample = {"injected": (t1 - t0) / 1e6 - ttft_ms}
-    m_sent = re.search(rb'"content":"t0 "}.*?"fake_recv_ns":(\d+),"fake_sent_ns":(\d+)', buf)
-    if m_sent:
-        recv, sent = int(m_sent.group(1)), int(m_sent.group(2))
+    recv, sent = event.get("fake_recv_ns"), event.get("fake_sent_ns")
+    if recv and sent:
         sample["vs_sent"] = (t1 - sent) / 1e6
         sample["fake_late"] = (sent - recv) / 1e6 - ttft_ms
     return sample

@@ -32,7 +32,7 @@ from pathlib import Path
 import aiohttp
 
 from loadtests.procs import free_port, stop_process
-from loadtests.sse import has_content
+from openai_stream import SSEFramer, has_content, is_done
 
 WORDS = ("river mountain quiet engine paper window silver market garden planet signal "
          "winter harbor pencil forest kitchen bridge lantern coffee circle thunder valley "
@@ -91,17 +91,19 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
     """One streamed completion: send time, content-chunk times, usage, server timings."""
     t0 = time.perf_counter()
     stamps, usage, server = [], None, None
+    framer = SSEFramer()
     async with session.post(url, json=body) as resp:
         resp.raise_for_status()
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            server = chunk.get("firsttoken_timings") or server
-            if any(has_content(c) for c in chunk.get("choices", [])):
-                stamps.append(time.perf_counter())
+        while data := await resp.content.readany():
+            t = time.perf_counter()
+            for event, _ in framer.feed(data):
+                if event is None or is_done(event):
+                    continue
+                chunk = json.loads(event)
+                usage = chunk.get("usage") or usage
+                server = chunk.get("firsttoken_timings") or server
+                if has_content(chunk.get("choices")):
+                    stamps.append(t)
     return {"t0": t0, "stamps": stamps, "completion_tokens": usage["completion_tokens"],
             "server": server}
 

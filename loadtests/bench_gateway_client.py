@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
-from loadtests.sse import has_content
 from loadtests.stats import summarize
+from openai_stream import SSEFramer, has_content, is_done
 
 KEY = "bench-key-not-secret"
 
@@ -34,13 +34,13 @@ def _r(x: float) -> float | None:
 
 
 # ---- load client (runs in its own process) -----------------------------------------------------
-def _content(line: bytes) -> dict[str, Any] | None:
-    """The parsed event when this ``data:`` line is content-bearing, else None."""
+def _content(data: bytes) -> dict[str, Any] | None:
+    """The parsed event when this event's data is content-bearing, else None."""
     try:
-        obj = json.loads(line[5:])
+        obj = json.loads(data)
     except ValueError:
         return None
-    return obj if any(has_content(c) for c in obj.get("choices") or ()) else None
+    return obj if isinstance(obj, dict) and has_content(obj.get("choices")) else None
 
 
 class Sample:
@@ -64,19 +64,19 @@ async def _one(session: aiohttp.ClientSession, url: str, payload: bytes,
             if r.status != 200:
                 await r.read()
                 return s, f"http_{r.status}"
-            # One read per arrival, lines split here: readline() would cost an await per
-            # line, and at 100 streams the client's CPU then delays every target alike.
-            buf = b""
+            # One read per arrival, framed here: readline() would cost an await per line,
+            # and at 100 streams the client's CPU then delays every target alike.
+            framer = SSEFramer()
             while data := await r.content.readany():
-                *lines, buf = (buf + data).split(b"\n")
-                for line in lines:
-                    if line.startswith(b"data:"):
-                        if not s.t_first and (obj := _content(line)) is not None:
-                            s.t_first = time.perf_counter_ns()
-                            s.fake_recv = obj.get("fake_recv_ns", 0)
-                            s.fake_sent = obj.get("fake_sent_ns", 0)
-                        elif line.startswith(b"data: [DONE]"):
-                            done = True
+                for event, _ in framer.feed(data):
+                    if event is None:
+                        continue
+                    if is_done(event):
+                        done = True
+                    elif not s.t_first and (obj := _content(event)) is not None:
+                        s.t_first = time.perf_counter_ns()
+                        s.fake_recv = obj.get("fake_recv_ns", 0)
+                        s.fake_sent = obj.get("fake_sent_ns", 0)
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         return s, type(exc).__name__
     s.t_end = time.perf_counter_ns()

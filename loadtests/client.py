@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 
 from geventhttpclient import HTTPClient
 
-from loadtests.sse import RequestRecord, SSEParser, StreamMeasurement
+from loadtests.sse import RequestRecord, StreamMeasurement
+from openai_stream import SSEFramer
 
 # The error body of a failed request is read up to this size, for the message in the record.
 _MAX_ERROR_BODY = 4096
@@ -93,20 +94,19 @@ class StreamingChatClient:
 
     @staticmethod
     def _read_stream(resp: Any, measurement: StreamMeasurement) -> None:
-        parser = SSEParser()
+        framer = SSEFramer()
         while True:
             line = resp.readline(b"\n")
-            if not line:  # message complete (or peer closed)
-                data = parser.flush()
+            events = framer.feed(line) if line else framer.end()  # b"": message complete
+            t_ns = time.perf_counter_ns()
+            for data, _ in events:
                 if data is not None:
-                    measurement.on_event(data, time.perf_counter_ns())
+                    measurement.on_event(data, t_ns)
+            if not line:
                 return
-            data = parser.feed_line(line)
-            if data is not None:
-                measurement.on_event(data, time.perf_counter_ns())
-                if measurement.done:
-                    resp.read()  # drain to the end so the connection can be reused
-                    return
+            if measurement.done:
+                resp.read()  # drain to the end so the connection can be reused
+                return
 
     @staticmethod
     def _http_error(record: RequestRecord, resp: Any, t0: int, status: int) -> RequestRecord:

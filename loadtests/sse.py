@@ -1,18 +1,19 @@
-"""Incremental SSE parsing and the per-request timing rules (TTFT, TPOT, ITL, E2E).
+"""The client's per-request record and timing rules (TTFT, TPOT, ITL, E2E) for a stream.
 
-This is the one streaming code path of loadtests/: ``loadtests.client`` feeds it lines as they
-come off the socket, and both the Locust user (``chat.py``) and ``bench_ttft`` use that client.
-
-Rules (DEVELOPERS.md): TTFT stops at the first *content-bearing* delta — non-empty ``content``,
-``reasoning_content`` or ``tool_calls`` (or non-empty ``text`` for /v1/completions). Role-only,
-empty and keep-alive chunks never stop the clock. TPOT uses ``usage.completion_tokens``; counting
-content chunks is a fallback, marked ``tokens_source="chunks"`` in the record.
+``loadtests.client`` frames the stream with ``openai_stream.SSEFramer`` as bytes come off the
+socket and hands each event to :class:`StreamMeasurement`; both the Locust user (``chat.py``)
+and ``bench_ttft`` use that client. What counts as content, the end and usage are
+``openai_stream``'s rules, the ones the gateway's relay applies. TPOT uses
+``usage.completion_tokens``; counting content chunks is a fallback, marked
+``tokens_source="chunks"`` in the record.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from openai_stream import choice_has_content, is_done, usage_of
 
 
 @dataclass
@@ -61,43 +62,6 @@ class RequestRecord:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-class SSEParser:
-    """Turns SSE lines into event payloads (the joined ``data:`` fields), per the HTML spec."""
-
-    def __init__(self) -> None:
-        self._data: list[str] = []
-
-    def feed_line(self, raw: bytes) -> str | None:
-        """Feed one line (with or without its newline); returns an event's data when complete."""
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-        if not line:  # blank line dispatches the event
-            if not self._data:
-                return None
-            data, self._data = "\n".join(self._data), []
-            return data
-        if line.startswith(":"):  # comment / keep-alive
-            return None
-        name, _, value = line.partition(":")
-        if name == "data":
-            self._data.append(value[1:] if value.startswith(" ") else value)
-        return None  # event:, id:, retry: carry nothing we time
-
-    def flush(self) -> str | None:
-        """Data of a last event not followed by a blank line (a cut stream)."""
-        if not self._data:
-            return None
-        data, self._data = "\n".join(self._data), []
-        return data
-
-
-def has_content(choice: dict) -> bool:
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        return bool(delta.get("content") or delta.get("reasoning_content")
-                    or delta.get("tool_calls"))
-    return bool(choice.get("text"))  # /v1/completions
-
-
 class StreamMeasurement:
     """Applies the timing rules to one stream's events; ``finish()`` fills the record."""
 
@@ -109,8 +73,9 @@ class StreamMeasurement:
         self.done = False           # saw data: [DONE]
         self.stream_error: str | None = None
 
-    def on_event(self, data: str, t_ns: int) -> None:
-        if data.strip() == "[DONE]":
+    def on_event(self, data: bytes | str, t_ns: int) -> None:
+        """One complete event's data, stamped when its blank line arrived."""
+        if is_done(data):
             self.done = True
             return
         try:
@@ -125,12 +90,12 @@ class StreamMeasurement:
             self.stream_error = str(err.get("message") if isinstance(err, dict) else err)
             return
         rec = self.record
-        if isinstance(obj.get("usage"), dict):
-            usage = obj["usage"]
-            rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
-            if usage.get("completion_tokens") is not None:
-                rec.completion_tokens = int(usage["completion_tokens"])
-                rec.tokens_source = "usage"
+        prompt, completion = usage_of(obj)
+        if prompt is not None:
+            rec.prompt_tokens = prompt
+        if completion is not None:
+            rec.completion_tokens = completion
+            rec.tokens_source = "usage"
         if isinstance(obj.get("firsttoken_timings"), dict):
             rec.server_timings = obj["firsttoken_timings"]
         for choice in obj.get("choices") or ():
@@ -138,7 +103,7 @@ class StreamMeasurement:
                 continue
             if choice.get("finish_reason"):
                 rec.finish_reason = choice["finish_reason"]
-            if has_content(choice):
+            if choice_has_content(choice):
                 self._content(t_ns)
 
     def _content(self, t_ns: int) -> None:

@@ -1,7 +1,8 @@
 """SSE framing in the relay: events end at a blank line, multi-line data, odd upstreams.
 
 The fake upstream always writes one-line events; these tests use a raw upstream that writes
-exact bytes, so the gateway's framing (not the fake's) is what is checked.
+exact bytes, so the gateway's framing (``openai_stream``, tested on its own in
+tests/openai_stream) is what is checked through a real gateway.
 """
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ import asyncio
 import json
 from typing import Any
 
-import pytest
 from aiohttp import web
 
 from gateway.app import create_app, start_server
 from gateway.config import build_config
-from gateway.httpclient import HIGH_WATER, UpstreamError
-from gateway.relay import _Events
+from openai_stream import is_done, iter_payloads
 from tests.gateway.conftest import CLIENT_KEY, ENV, base_config
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -24,44 +23,6 @@ MSG = [{"role": "user", "content": "hi"}]
 def _chunk(content: str, finish: str | None = None) -> dict[str, Any]:
     return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
             "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]}
-
-
-# ---- the framing on its own ----------------------------------------------------------------
-def test_events_join_data_lines_and_pass_other_lines():
-    ev = _Events()
-    out = ev.feed(b': keep-alive\r\n\r\nevent: x\ndata: {"a":\ndata:  1}\n\ndata: [DO')
-    assert out == [(None, b": keep-alive\n"), (None, b"event: x\n"), (b'{"a":\n1}', b"")]
-    assert ev.feed(b"NE]\n") == []            # no blank line yet: the event is not complete
-    assert ev.feed(b"\n") == [(b"[DONE]", b"")]
-
-
-def test_events_field_only_event_is_ended_for_the_client():
-    # "event: ping" with no data must not lend its type to the next event
-    assert _Events().feed(b"event: ping\n\ndata: x\n\n") == [
-        (None, b"event: ping\n"), (None, b"\n"), (b"x", b"")]
-    assert _Events().feed(b": comment\n\n") == [(None, b": comment\n")]
-
-
-def test_events_one_line_event_per_read():
-    ev = _Events()  # the common case: one one-line event per read
-    assert ev.feed(b'data: {"a": 1}\n\n') == [(b'{"a": 1}', b"")]
-    assert ev.feed(b'data: {"b": 2}\r\n\r\n') == [(b'{"b": 2}', b"")]
-    assert ev.feed(b"data: [DONE]\n\n") == [(b"[DONE]", b"")]
-
-
-def test_events_end_flushes_an_unterminated_event():
-    ev = _Events()
-    assert ev.feed(b'data: {"x": 1}') == []
-    assert ev.end() == [(b'{"x": 1}', b"")]
-
-
-def test_events_refuse_an_endless_event_or_line():
-    ev = _Events()
-    with pytest.raises(UpstreamError):
-        for _ in range(HIGH_WATER // 1000 + 2):
-            ev.feed(b"data: " + b"x" * 1000 + b"\n")  # data lines, never a blank line
-    with pytest.raises(UpstreamError):
-        _Events().feed(b"data: " + b"y" * (HIGH_WATER + 10))  # one line, never a newline
 
 
 # ---- through a real gateway ------------------------------------------------------------------
@@ -102,10 +63,9 @@ async def _through_gateway(web_server, parts: list[bytes | float],
     status, raw = await _post_through_gateway(web_server, handler, tmp_path)
     assert status == 200
     texts = []
-    for event in raw.split(b"\n\n"):
-        data = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
-        if data and data != [b"[DONE]"]:
-            obj = json.loads(b"\n".join(data))
+    for data in iter_payloads([raw]):
+        if not is_done(data):
+            obj = json.loads(data)
             texts += [c["delta"].get("content", "") for c in obj.get("choices", [])]
     return texts, raw
 

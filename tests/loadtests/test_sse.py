@@ -1,7 +1,7 @@
 """The timing rules on hand-made streams with known timestamps (ns)."""
 import json
 
-from loadtests.sse import RequestRecord, SSEParser, StreamMeasurement
+from loadtests.sse import RequestRecord, StreamMeasurement
 
 MS = 1_000_000
 
@@ -39,6 +39,8 @@ def test_reasoning_and_tool_calls_count_as_content():
     assert run([(5, chunk({"reasoning_content": "x"})), (6, "[DONE]")]).ttft_s == 0.005
     assert run([(7, chunk({"tool_calls": [{"index": 0}]})), (8, "[DONE]")]).ttft_s == 0.007
     assert run([(9, chunk(text="t")), (10, "[DONE]")]).ttft_s == 0.009  # /v1/completions
+    assert run([(11, chunk({"reasoning": "x"})), (12, "[DONE]")]).ttft_s == 0.011
+    assert run([(13, chunk({"refusal": "no"})), (14, "[DONE]")]).ttft_s == 0.013
 
 
 def test_tpot_uses_usage_not_chunk_count():
@@ -66,12 +68,3 @@ def test_backend_timings_error_events_and_truncation():
     assert not bad.ok and "cut" in bad.error
     cut = run([(50, chunk({"content": "a"}))])
     assert not cut.ok and "DONE" in cut.error
-
-
-def test_sse_parser_joins_data_lines_and_skips_comments():
-    p = SSEParser()
-    assert p.feed_line(b": keep-alive\n") is None
-    assert p.feed_line(b"data: {\"a\":\n") is None
-    assert p.feed_line(b"data: 1}\r\n") is None
-    assert p.feed_line(b"\n") == '{"a":\n1}'
-    assert p.feed_line(b"\n") is None

@@ -5,15 +5,17 @@ import json
 
 import aiohttp
 
+from openai_stream import SSEFramer, is_done
+
 
 async def read_events(resp: aiohttp.ClientResponse) -> list[object]:
-    """Every data payload, JSON-decoded except the literal "[DONE]"; asserts SSE framing."""
+    """Every data payload, JSON-decoded except the literal "[DONE]"; asserts that the server
+    sends nothing but data events (no comments or other fields)."""
+    framer = SSEFramer()
     events: list[object] = []
-    async for raw in resp.content:
-        line = raw.decode().rstrip("\n")
-        if not line:
-            continue
-        assert line.startswith("data: "), line
-        data = line[len("data: "):]
-        events.append(data if data == "[DONE]" else json.loads(data))
+    async for chunk in resp.content.iter_any():
+        for data, line in framer.feed(chunk):
+            assert data is not None, line
+            events.append("[DONE]" if is_done(data) else json.loads(data))
+    assert framer.end() == [], "the stream ended inside an event"
     return events
