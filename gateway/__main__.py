@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gateway",
                                 description="firsttoken OpenAI-compatible gateway")
     p.add_argument("--config", required=True,
-                   help="gateway YAML (configs/gateway.yaml), or the article's .toml / .json")
+                   help="gateway YAML (configs/gateway.yaml), or a config.toml / settings.json")
     p.add_argument("--host", default=None, help="listen address (default: listen.host, "
                                                 "127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (default: listen.port, "

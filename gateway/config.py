@@ -1,4 +1,4 @@
-"""Gateway configuration: frozen dataclasses built from YAML (or the article's TOML / JSON).
+"""Gateway configuration: frozen dataclasses built from YAML (or config.toml / settings.json).
 
 Every mapping is checked against its dataclass: an unknown key is an error naming the key and
 where it was found (``models.smollm2.modle``). ``${VAR}`` and ``${VAR:-default}`` in string
@@ -232,7 +232,7 @@ def build_config(doc: Any, env: Mapping[str, str] | None = None) -> GatewayConfi
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
-    """Load ``.yaml``/``.yml``, or the article's ``.toml`` / ``.json`` formats (see formats.py)."""
+    """Load ``.yaml``/``.yml``, or the ``config.toml`` / ``settings.json`` formats (formats.py)."""
     p = Path(path)
     text = p.read_text(encoding="utf-8")
     if p.suffix in (".yaml", ".yml"):

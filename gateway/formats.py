@@ -1,4 +1,4 @@
-"""Map the article's ``config.toml`` and ``settings.json`` onto the gateway's YAML shape.
+"""Map the shared ``config.toml`` and the ``settings.json`` format onto the gateway's YAML shape.
 
 The result is a plain document that :func:`gateway.config.build_config` then validates, so the
 same unknown-key and env rules apply. The mapping (also in docs/GATEWAY.md):
@@ -50,7 +50,7 @@ def _check_keys(doc: dict, allowed: set[str], where: str) -> None:
 
 
 def from_toml(text: str) -> dict[str, Any]:
-    """The article's config.toml -> gateway document."""
+    """config.toml -> gateway document."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10
@@ -103,7 +103,7 @@ def _provider_name(api_base: str) -> str:
 
 
 def from_settings_json(text: str) -> dict[str, Any]:
-    """The article's settings.json -> gateway document."""
+    """settings.json -> gateway document."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -32,7 +32,7 @@ class Provider:
 
 
 def provider_root(base_url: str) -> str:
-    """Accept base_url with or without the trailing /v1 (the article uses both)."""
+    """Accept base_url with or without the trailing /v1 (providers document both forms)."""
     root = base_url.rstrip("/")
     return root[:-3] if root.endswith("/v1") else root
 

@@ -7,7 +7,7 @@ The fake upstream (its own process, uvloop, ``--precise-timers`` unless ``--loop
 injects TTFT ``--ttft-ms`` and ITL ``--itl-ms``; Locust runs ``loadtests/chat.py`` with N users
 straight against it. Two errors per request:
 
-- vs injected (the issue's measure): ``ttft_s - ttft_ms/1000``; it includes the fake's own
+- vs injected: ``ttft_s - ttft_ms/1000``; it includes the fake's own
   lateness (timer, its event loop under a burst of requests);
 - vs sent (the generator's own error): ``ttft_s - (first content sent - request start)``, with
   the fake's send time from its ``--stamp-log`` (CLOCK_REALTIME, matched by ``x-request-id`` to

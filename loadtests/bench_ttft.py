@@ -1,15 +1,15 @@
-"""The article's ``bench_ttft.py``, done right, with a CSV history you can compare.
+"""A one-process TTFT benchmark with a CSV history you can compare.
 
     python -m loadtests.bench_ttft --host http://127.0.0.1:8080 --model smollm2 --label baseline
     python -m loadtests.bench_ttft --compare --csv runs/bench_ttft.csv
 
-What the article's script got wrong and this one does not: it counted SSE lines as tokens (role
+What a naive TTFT script gets wrong and this one does not: it counted SSE lines as tokens (role
 chunk, usage chunk and ``[DONE]`` included) — we take ``usage.completion_tokens``; it stopped
 TTFT at the first line even without content — we stop at the first content-bearing delta; it
 called the maximum of 20 samples "p99" — we print every percentile with its sample count and
 mark a p99 from fewer than 100 samples; it had no warm-up in code — we run ``--warmup-runs``
-first and drop them. Each run appends one labelled row to ``--csv`` (the article's advice: after
-three changes you forget which one helped); ``--compare`` charts that history.
+first and drop them. Each run appends one labelled row to ``--csv`` (after three
+changes nobody remembers which one helped); ``--compare`` charts that history.
 """
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--host", help="base URL, e.g. http://127.0.0.1:8080 (gateway or server)")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--label", default="", help="what changed in this run (a CSV column)")
-    p.add_argument("--config", help="the article's config.toml: [profiling] and "
+    p.add_argument("--config", help="a config.toml: [profiling] and "
                    "[provider].api_key_env are read")
     p.add_argument("--warmup-runs", type=int, default=None, help="default 5")
     p.add_argument("--measure-runs", type=int, default=None, help="default 20 (>= 100 for p99)")

@@ -1,4 +1,4 @@
-"""Load-test settings: Locust custom arguments, the article's config.toml ``[profiling]`` section.
+"""Load-test settings: Locust custom arguments and the ``[profiling]`` section of config.toml.
 
 Precedence: a flag given on the command line (or in the web UI) > ``[profiling]`` in the file
 named by Locust's own ``--config`` > the defaults below.
@@ -15,7 +15,7 @@ ARRIVALS = ("closed", "constant", "poisson")
 # config.toml [profiling] key -> LoadSettings field
 _PROFILING_KEYS = {"warmup_runs": "warmup_requests", "measure_runs": "measure_requests",
                    "prompt_tokens": "prompt_tokens", "output_tokens": "output_tokens"}
-# keys the article's [profiling] may carry that this tool does not use (accepted, ignored)
+# keys a [profiling] section may carry that this tool does not use (accepted, ignored)
 _PROFILING_IGNORED = {"enable_nvtx", "nvtx_range_prefix"}
 
 
@@ -52,7 +52,7 @@ class LoadSettings:
 
 
 def read_profiling(path: str) -> dict[str, int]:
-    """The ``[profiling]`` section of the article's config.toml, as LoadSettings fields.
+    """The ``[profiling]`` section of a config.toml, as LoadSettings fields.
 
     Unknown keys are rejected with a message naming them (a typo must not silently fall back
     to a default).

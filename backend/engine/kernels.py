@@ -1,5 +1,5 @@
-"""Which attention kernel really runs, found at start-up (the article: verify that flash
-attention runs; SDPA must not fall back silently).
+"""Which attention kernel really runs, found at start-up (a flash kernel must be verified to
+run: SDPA must not fall back silently).
 
 - ``math``: our explicit matmul + softmax reference (attention.math_attention).
 - ``sdpa`` on CUDA: each SDPA backend is tried in turn (flash, cuDNN, efficient, math),

@@ -9,8 +9,8 @@ Quantised dtypes keep a float32 scale per (token, K/V, head) beside the blocks:
 - int8: symmetric, scale = amax / 127, values rounded and clamped to [-127, 127];
 - fp8_e4m3: scale = amax / 448 (the format's largest finite value), stored as uint8 bits
   because index_copy_/index_select are not implemented for float8 on every backend.
-Quantise on write, dequantise on read: a pure-torch reference path (fused kernels come with
-the GPU issue).
+Quantise on write, dequantise on read: a pure-torch reference path for the CPU and for
+checking fused kernels against.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ Continuous mode, every step, under ``max_num_batched_tokens`` and ``max_num_seqs
 3. new sequences from the waiting queue, first come first served, while the budget, the
    sequence cap and the free blocks allow (admission allocates blocks for the whole prompt).
 Static mode admits a batch only when nothing runs and lets it run to completion: the
-article's baseline.
+baseline that continuous batching is measured against.
 """
 from __future__ import annotations
 

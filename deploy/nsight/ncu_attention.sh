@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The article's Nsight Compute command, on fixed inputs, then its five thresholds.
+# An Nsight Compute capture of the attention kernels, on fixed inputs, then five thresholds.
 #
 #   deploy/nsight/ncu_attention.sh [-- CMD ...]
 #
-# Article:  ncu --kernel-name regex:attention|flash --launch-count 10 --set full --launch-skip 5
+# Usual form:  ncu --kernel-name regex:attention|flash --launch-count 10 --set full --launch-skip 5
 #               -o attention_profile python inference_server.py
 #           ncu --import attention_profile.ncu-rep --page details
 # Here the profiled program defaults to the fixed-input replay of the engine

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The article's Nsight Systems capture, on fixed inputs, then its three numbers.
+# An Nsight Systems capture, on fixed inputs, then its three numbers.
 #
 #   deploy/nsight/nsys_profile.sh [-- CMD ...]
 #
-# Article:  nsys profile --trace=cuda,nvtx,osrt,cublas,cudnn --duration=30 --sample=cpu
+# Usual form:  nsys profile --trace=cuda,nvtx,osrt,cublas,cudnn --duration=30 --sample=cpu
 #               --output=infer_profile --force-overwrite=true python inference_server.py
 #           nsys stats --report cuda_gpu_kern_sum,cuda_gpu_mem_time_sum infer_profile.nsys-rep
 # Its own pitfall: 30 s of a server under live traffic makes requests time out. So the program
@@ -16,8 +16,8 @@
 # Environment (defaults in brackets):
 #   OUT_DIR [runs/nsight]  NAME [infer_profile]  NSYS [nsys]  PYTHON [python]
 #   NVTX_PREFIX [infer]    capture range = ${NVTX_PREFIX}:replay (give a CMD that pushes it)
-#   TRACE [cuda,nvtx,osrt,cublas,cudnn]  SAMPLE [process-tree] (the article's 'cpu' is the
-#                          old spelling)  DURATION ['']: optional --duration cap, seconds
+#   TRACE [cuda,nvtx,osrt,cublas,cudnn]  SAMPLE [process-tree] ('cpu' is the old
+#                          spelling)  DURATION ['']: optional --duration cap, seconds
 #   CUDA_GRAPH_TRACE [node]  show the kernels inside CUDA graphs (counts launches honestly)
 #   NSYS_EXTRA ['']        more `nsys profile` flags, split on spaces
 #   REPLAY_ARGS ['--device cuda']  arguments for the default replay.py target

@@ -1,6 +1,6 @@
 """Replay a fixed workload through the backend's engine, for Nsight (not live traffic).
 
-The article's first pitfall: a 30 s capture of a server under live traffic makes requests time
+The usual pitfall: a 30 s capture of a server under live traffic makes requests time
 out, and no two captures see the same work. This drives `backend.engine.llm_engine.LLMEngine`
 in this process with fixed prompts (seeded token ids, or a JSONL file), greedy decoding and a
 forced output length, keeping `--concurrency` requests in flight (closed loop) until

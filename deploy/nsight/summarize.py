@@ -1,4 +1,4 @@
-"""Print the article's Nsight numbers, with pass/fail against its thresholds.
+"""Print the Nsight numbers that say where GPU time goes, with pass/fail against thresholds.
 
 Reads what the Nsight tools export as CSV (standard library only, so it runs anywhere):
 
@@ -26,7 +26,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# The article's thresholds (see docs/PROFILING.md).
+# Thresholds (their source is cited in docs/PROFILING.md).
 GAP_RATIO_MAX = 0.05
 MEMCPY_SHARE_MAX = 0.03
 SM_UTIL_MIN = 60.0

@@ -2,7 +2,7 @@
 
 Neither nsys nor ncu exists on CI, so stand-ins on PATH record the arguments they get and
 answer with the CSV fixtures (hand-made to the tools' documented formats); the scripts'
-own logic (the article's flags, the capture range, file names, summarize.py) is real.
+own logic (the capture flags, the capture range, file names, summarize.py) is real.
 """
 from __future__ import annotations
 

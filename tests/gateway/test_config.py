@@ -1,4 +1,4 @@
-"""Config loading: YAML, the article's TOML/JSON, env expansion, unknown-key rejection."""
+"""Config loading: YAML, config.toml / settings.json, env expansion, unknown-key rejection."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -14,7 +14,7 @@ def _measured(records):
 
 def test_locust_direct_to_fake_upstream(lt_fake, tmp_path):
     url, fake = lt_fake(ttft_ms=100, itl_ms=10, tokens=64)
-    cfg = tmp_path / "config.toml"  # the article's config.toml: [profiling] drives the run
+    cfg = tmp_path / "config.toml"  # a config.toml: [profiling] drives the run
     cfg.write_text('[provider]\nname = "taotoken"\n[profiling]\nwarmup_runs = 2\n'
                    'measure_runs = 30\nprompt_tokens = 20\noutput_tokens = 16\n')
     records = tmp_path / "rec.jsonl"
