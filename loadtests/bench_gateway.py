@@ -13,7 +13,9 @@ sub-command: one uvloop + aiohttp process, closed loop of N concurrent streams).
 * ``rss_open``: RSS of the gateway process while 1,000 streams are open at once.
 * ``growth``: RSS of the gateway every 10,000 requests over 100,000 short streams.
 
-Raw samples' percentiles (with counts) and settings go to ``<out>/gateway-<phase><tag>.json``.
+Raw samples' percentiles (with counts) and settings go to ``<out>/gateway-<phase>.json``; a run
+with ``--tag T`` (a repeat) appends one line ``{"run": T, ...}`` to
+``<out>/gateway-<phase>-repeats.jsonl`` instead, so repeats stay one file per phase.
 ``--pin`` puts the proxy under test alone on CPU 1 and the fake upstream + client on CPU 0.
 ``--timers`` picks the fake's delays (``precise``: exact, the default; ``loop``: uvloop's
 millisecond ticks); ``--stamp`` splits each TTFT into request and response path from the fake's
@@ -299,8 +301,14 @@ def run_main(a: argparse.Namespace) -> None:
             meta = _meta(a)
             result = phases[name](a, Path(tmp))
             meta["loadavg_end"] = os.getloadavg()
-            path = out / f"gateway-{name}{a.tag}.json"
-            path.write_text(json.dumps({"meta": meta, **result}, indent=1) + "\n")
+            doc = {"meta": meta, **result}
+            if a.tag:
+                path = out / f"gateway-{name}-repeats.jsonl"
+                with path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps({"run": a.tag.lstrip("-"), **doc}, separators=(",", ":")) + "\n")
+            else:
+                path = out / f"gateway-{name}.json"
+                path.write_text(json.dumps(doc, indent=1) + "\n")
             print(f"wrote {path}", flush=True)
 
 
@@ -315,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--concurrency", default="1,100,500")
     r.add_argument("--pin", action="store_true",
                    help="pin the proxy to CPU 1, fake upstream + client to CPU 0")
-    r.add_argument("--tag", default="", help="suffix for the JSON file names")
+    r.add_argument("--tag", default="",
+                   help="name of a repeat: appended as a line to gateway-<phase>-repeats.jsonl")
     r.add_argument("--stamp", action="store_true",
                    help="the fake stamps its receipt/send times into each chunk: the TTFT "
                         "splits into request path and response path")

@@ -14,7 +14,9 @@ def test_latency_phase_with_stamps_and_samples(tmp_path):
          "--samples-dir", str(tmp_path / "s"), "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    doc = json.loads((tmp_path / "gateway-latency-t.json").read_text())
+    (line,) = (tmp_path / "gateway-latency-repeats.jsonl").read_text().splitlines()
+    doc = json.loads(line)  # a tagged run is a repeat: one line of the phase's JSONL
+    assert doc["run"] == "t"
     assert doc["meta"]["fake_upstream"]["timers"] == "precise"
     runs = {(r["concurrency"], r["target"]): r for r in doc["runs"]}
     assert set(runs) == {(1, "direct"), (1, "gateway"), (3, "direct"), (3, "gateway")}
