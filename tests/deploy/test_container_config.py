@@ -16,7 +16,7 @@ import pytest
 from tests.deploy.test_assets import DEPLOY, ROOT, compose
 
 pytest.importorskip("gateway.config")
-pytest.importorskip("loadtests.fake_upstream")
+pytest.importorskip("fakeupstream")
 
 
 def start(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str]:
@@ -47,7 +47,7 @@ def get(url: str, headers: dict[str, str] | None = None, body: dict | None = Non
 
 def test_compose_gateway_command_serves_through_the_backend_url(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TAOTOKEN_API_KEY"}
-    upstream, up_url = start([sys.executable, "-m", "loadtests.fake_upstream", "--host",
+    upstream, up_url = start([sys.executable, "-m", "fakeupstream", "--host",
                               "127.0.0.1", "--port", "0", "--ttft-ms", "1", "--itl-ms", "1",
                               "--tokens", "3"], env)
     gateway = None

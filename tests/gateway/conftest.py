@@ -15,7 +15,7 @@ from gateway import state
 from gateway.app import create_app, start_server
 from gateway.config import build_config
 from gateway.httpclient import Pool
-from loadtests.fake_upstream import FakeConfig, FakeUpstream
+from fakeupstream import FakeConfig, FakeUpstream
 from tests.gateway.httpservers import Handler, RawServer
 
 CLIENT_KEY = "sk-client-canary-7d1f0c9a"

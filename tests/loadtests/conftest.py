@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from loadtests.fake_upstream import FakeConfig, run_in_thread
+from fakeupstream import FakeConfig, run_in_thread
 from loadtests.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,9 +1,9 @@
 """Gateway benchmark: client-observed TTFT/E2E direct vs through the gateway vs through LiteLLM.
 
-    flock /tmp/ft-heavy.lock .venv/bin/python -m loadtests.bench_gateway run \
+    flock /tmp/ft-heavy.lock .venv/bin/python -m benchmarks.gateway run \
         --litellm /tmp/litellm/bin/litellm --out docs/benchmarks
 
-Every server runs in its own process: the fake upstream (``loadtests.fake_upstream``), the
+Every server runs in its own process: the fake upstream (``fakeupstream``), the
 gateway (``python -m gateway``), LiteLLM's proxy, and the load client (this module's ``client``
 sub-command: one uvloop + aiohttp process, closed loop of N concurrent streams). Phases:
 
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtests.bench_gateway_client import KEY, client_main, summary
+from benchmarks.gateway_client import KEY, client_main, summary
 from loadtests.procs import free_port, stop_process
 
 
@@ -82,7 +82,7 @@ def _client(url: str, model: str, c: int, n: int, warmup: int,
             extra: dict[str, Any] | None = None, timeout: float = 900,
             spread_s: float = 0.0, cpus: set[int] | None = None,
             samples: str | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "loadtests.bench_gateway", "client", "--url", url,
+    cmd = [sys.executable, "-m", "benchmarks.gateway", "client", "--url", url,
            "--model", model, "--concurrency", str(c), "--requests", str(n),
            "--warmup", str(warmup), "--body-extra", json.dumps(extra or {}),
            "--spread-s", str(spread_s), *(["--samples", samples] if samples else [])]
@@ -139,7 +139,7 @@ def _fake(a: argparse.Namespace, ttft_ms: float, itl_ms: float,
           cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
     flags = [f for f, on in (("--stamp", a.stamp), ("--precise-timers", a.timers == "precise"))
              if on]
-    return _spawn([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
+    return _spawn([sys.executable, "-m", "fakeupstream", "--port", "0",
                    "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens", "64",
                    *flags], cpus=cpus)
 
@@ -239,7 +239,7 @@ def phase_rss_open(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         _client(gw_url + "/v1/chat/completions", "timed", 20, 20, 0,
                 {"fake": {"itl_ms": 0}})  # warm the connection pool and code paths
         idle = _rss_mb(gw.pid)
-        cmd = [sys.executable, "-m", "loadtests.bench_gateway", "client", "--url",
+        cmd = [sys.executable, "-m", "benchmarks.gateway", "client", "--url",
                gw_url + "/v1/chat/completions", "--model", "timed", "--concurrency", str(n),
                "--requests", str(n), "--warmup", "0", "--body-extra", "{}"]
         client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -313,7 +313,7 @@ def run_main(a: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m loadtests.bench_gateway", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gateway", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the benchmark phases")

@@ -1,61 +1,17 @@
-"""The fake upstream's thread helper and command line (``python -m loadtests.fake_upstream``).
-
-Imports ``loadtests.fake_upstream`` lazily: that module re-exports ``run_in_thread`` and
-``main`` from here, so a top-level import would be circular.
-"""
+"""The fake upstream's command line: ``python -m fakeupstream --port 0 --ttft-ms 100 ...``."""
 from __future__ import annotations
 
 import argparse
 import asyncio
-import threading
-from typing import TYPE_CHECKING, Any, Callable
+import sys
 
-if TYPE_CHECKING:
-    from loadtests.fake_upstream import FakeConfig
-
-
-def _doc() -> str | None:
-    from loadtests import fake_upstream
-    return fake_upstream.__doc__
-
-
-def run_in_thread(config: FakeConfig | None = None,
-                  timeout_s: float = 10.0) -> tuple[str, Callable[[], None]]:
-    """Start a FakeUpstream on its own event loop thread; returns (base_url, stop)."""
-    from loadtests.fake_upstream import FakeUpstream
-    fake = FakeUpstream(config)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    def _run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            box["url"] = loop.run_until_complete(fake.start())
-        except BaseException as exc:  # surface bind errors to the caller
-            box["error"] = exc
-            ready.set()
-            return
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(fake.stop())
-        loop.close()
-
-    thread = threading.Thread(target=_run, name="fake-upstream", daemon=True)
-    thread.start()
-    if not ready.wait(timeout_s) or "error" in box:
-        raise RuntimeError(f"fake upstream did not start: {box.get('error')}")
-
-    def stop() -> None:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout_s)
-
-    stop.fake = fake  # type: ignore[attr-defined]  # lets callers inspect .received/.stats
-    return box["url"], stop
+from fakeupstream import server
+from fakeupstream.plan import FakeConfig
+from fakeupstream.server import FakeUpstream
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m loadtests.fake_upstream", description=_doc(),
+    p = argparse.ArgumentParser(prog="python -m fakeupstream", description=server.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = any free port")
@@ -78,7 +34,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                    help="event loop (uvloop falls back to asyncio when not installed)")
     a = p.parse_args(argv)
-    from loadtests.fake_upstream import FakeConfig
     cfg = FakeConfig(host=a.host, port=a.port, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
                      tokens=a.tokens, model=a.model, record_limit=100,
                      precise_timers=a.precise_timers, finish_us=a.finish_us, stamp=a.stamp,
@@ -95,7 +50,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 async def _serve(cfg: FakeConfig) -> None:
-    from loadtests.fake_upstream import FakeUpstream
     fake = FakeUpstream(cfg)
     url = await fake.start()
     print(f"listening {url}", flush=True)
@@ -103,3 +57,10 @@ async def _serve(cfg: FakeConfig) -> None:
         await asyncio.Event().wait()
     finally:
         await fake.stop()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(0)

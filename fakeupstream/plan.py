@@ -1,5 +1,5 @@
 """The fake upstream's request model: its config, per-request options and plan, and the
-whitespace "tokenizer" it counts prompts with (see loadtests/fake_upstream.py for the server)."""
+whitespace "tokenizer" it counts prompts with (see fakeupstream/server.py for the server)."""
 from __future__ import annotations
 
 import json

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from loadtests.accuracy import _reference_sample, read_stamps, reference_errors, wire_errors
+from benchmarks.loadgen_accuracy import _reference_sample, read_stamps, reference_errors, wire_errors
 from loadtests.sse import RequestRecord
 
 

@@ -2,7 +2,7 @@
 
 Run it::
 
-    python -m loadtests.fake_upstream --host 127.0.0.1 --port 0 --ttft-ms 100 --itl-ms 10 --tokens 64
+    python -m fakeupstream --host 127.0.0.1 --port 0 --ttft-ms 100 --itl-ms 10 --tokens 64
 
 The first stdout line is ``listening http://HOST:PORT`` (flushed). Endpoints: ``POST
 /v1/chat/completions``, ``POST /v1/completions`` (stream and not), ``GET /v1/models``, ``POST
@@ -51,7 +51,7 @@ previous one after ``itl_ms``. ``precise_timers`` (CLI ``--precise-timers``) wai
 instead, never early: the first content finishes its wait yielding for the last ``finish_us``
 (300) µs, so it leaves ~0.02 ms after its deadline; token i is then due at the first send +
 i x ``itl_ms`` (no drift), rounded up to an ``itl_grid_ns`` (0.25 ms) grid to share wake-ups
-(see ``loadtests/fake_timing.py``). ``--loop asyncio`` runs the CLI on asyncio. ``stamp_log`` (CLI
+(see ``fakeupstream/timing.py``). ``--loop asyncio`` runs the CLI on asyncio. ``stamp_log`` (CLI
 ``--stamp-log PATH``) appends one JSONL line per stream at its first content: request id,
 receipt and first-send times (``StampLog``).
 
@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 import uuid
 from collections import deque
@@ -75,9 +74,9 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from loadtests.fake_plan import (FAULTS, OPTION_TYPES, FakeConfig, Received, Stats, Plan,
+from fakeupstream.plan import (FAULTS, OPTION_TYPES, FakeConfig, Received, Stats, Plan,
                                  prompt_tokens, sse)
-from loadtests.fake_timing import (PreciseTimer, StampLog, loop_sleep_until,
+from fakeupstream.timing import (PreciseTimer, StampLog, loop_sleep_until,
                                    precise_timers_available)
 
 
@@ -373,15 +372,3 @@ class FakeUpstream:
                 call["function"]["name"] = "fake_tool"
             return b'"delta":{"tool_calls":[' + json.dumps(call).encode() + b"]}"
         return f'"delta":{{"content":"{word}"}}'.encode()
-
-
-# The thread helper and the CLI live in loadtests/fake_cli.py (kept importable from here).
-from loadtests.fake_cli import main, run_in_thread  # noqa: E402  (after FakeUpstream exists)
-
-__all__ = ["FakeConfig", "FakeUpstream", "Received", "Stats", "main", "run_in_thread"]
-
-if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit(0)

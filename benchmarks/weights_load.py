@@ -1,6 +1,6 @@
 """Benchmark model loading and tokenizer costs for the embedded model.
 
-    python -m backend.weights.bench --out docs/benchmarks/weights-load.json [--with-transformers]
+    python -m benchmarks.weights_load --out docs/benchmarks/weights-load.json [--with-transformers]
 
 Each load runs in a fresh Python process (what a server start pays, imports included):
 a cold start converts the GGUF into an empty cache, warm starts hit the cache. Tokenizer
@@ -74,7 +74,7 @@ def bench_tokenizer(name: str, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m backend.weights.bench")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights_load")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--warm-runs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=50)

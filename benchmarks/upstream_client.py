@@ -1,6 +1,6 @@
 """CPU per upstream request: aiohttp's client against the gateway's own (gateway/httpclient.py).
 
-    .venv/bin/python -m loadtests.bench_upstream_client [--requests 3000]
+    .venv/bin/python -m benchmarks.upstream_client [--requests 3000]
 
 One process, one event loop: a minimal HTTP server (an asyncio Protocol that answers every
 request with the same short chunked SSE body) and the client under test, one request at a time
@@ -109,7 +109,7 @@ async def run(n: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m loadtests.bench_upstream_client",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.upstream_client",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=3000)

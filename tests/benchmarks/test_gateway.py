@@ -3,12 +3,12 @@ import json
 import subprocess
 import sys
 
-from .conftest import ROOT
+from tests.loadtests.conftest import ROOT
 
 
 def test_latency_phase_with_stamps_and_samples(tmp_path):
     res = subprocess.run(
-        [sys.executable, "-m", "loadtests.bench_gateway", "run", "--phases", "latency",
+        [sys.executable, "-m", "benchmarks.gateway", "run", "--phases", "latency",
          "--concurrency", "1,3", "--requests-1", "3", "--rounds", "1", "--min-requests", "6",
          "--ttft-ms", "20", "--itl-ms", "1", "--stamp", "--tag=-t",
          "--samples-dir", str(tmp_path / "s"), "--out", str(tmp_path)],

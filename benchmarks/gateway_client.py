@@ -1,6 +1,6 @@
-"""The load client of ``loadtests.bench_gateway`` and the statistics of its raw samples.
+"""The load client of ``benchmarks.gateway`` and the statistics of its raw samples.
 
-It runs in its own process (``python -m loadtests.bench_gateway client ...``): one uvloop +
+It runs in its own process (``python -m benchmarks.gateway client ...``): one uvloop +
 aiohttp event loop driving a closed loop of N concurrent streams, printing one JSON line.
 """
 from __future__ import annotations

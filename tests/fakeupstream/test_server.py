@@ -10,8 +10,8 @@ import time
 import aiohttp
 import pytest
 
-from loadtests.fake_timing import PreciseTimer, precise_timers_available
-from loadtests.fake_upstream import FakeConfig, FakeUpstream, run_in_thread
+from fakeupstream import FakeConfig, FakeUpstream, run_in_thread
+from fakeupstream.timing import PreciseTimer, precise_timers_available
 
 
 @pytest.fixture
@@ -160,9 +160,9 @@ def test_run_in_thread_and_cli():
 
 
 def _cli_completion(flags: list[str], body: bytes) -> bytes:
-    """Start the fake with ``python -m loadtests.fake_upstream <flags>``, POST ``body`` to
+    """Start the fake with ``python -m fakeupstream <flags>``, POST ``body`` to
     /v1/completions, return the response body."""
-    proc = subprocess.Popen([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "fakeupstream", "--port", "0",
                              *flags], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

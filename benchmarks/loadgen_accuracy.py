@@ -1,6 +1,6 @@
 """Accuracy of the load generator: reported minus injected TTFT, at several user counts.
 
-    flock /tmp/ft-heavy.lock python -m loadtests.accuracy --users 1,16,64,256 \\
+    flock /tmp/ft-heavy.lock python -m benchmarks.loadgen_accuracy --users 1,16,64,256 \\
         --json docs/benchmarks/loadgen-accuracy.json
 
 The fake upstream (its own process, uvloop, ``--precise-timers`` unless ``--loop-timers``)
@@ -42,7 +42,7 @@ CHAT_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat.py")
 
 def start_fake(ttft_ms: float, itl_ms: float, tokens: int,
                extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "fakeupstream", "--port", "0",
                              "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
                              "--tokens", str(tokens), *extra], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -225,7 +225,7 @@ def run_users(url: str, users: int, requests: int, out_dir: str, a: argparse.Nam
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.accuracy", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.loadgen_accuracy", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--users", default="1,16,64,256")
     p.add_argument("--requests", default="120,400,1000,3000",

@@ -1,4 +1,4 @@
-"""Exact delays and send-time stamps for the fake upstream (``loadtests/fake_upstream.py``).
+"""Exact delays and send-time stamps for the fake upstream (``fakeupstream/server.py``).
 
 Why a timerfd: uvloop's timers have 1 ms granularity (libuv keeps loop time in ms) and
 asyncio's epoll selector rounds every timeout *up* to the next millisecond, so a "100 ms" sleep

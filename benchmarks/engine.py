@@ -1,6 +1,6 @@
 """Engine-level CPU benchmark against transformers ``generate`` in the same run.
 
-    python -m backend.engine.bench [--model smollm2-135m-instruct] [--json PATH]
+    python -m benchmarks.engine [--model smollm2-135m-instruct] [--json PATH]
 
 Measures, for our engine (LLMEngine driven directly, no HTTP) and for transformers
 (``AutoModelForCausalLM`` from the same weights, fp32, ``generate`` with greedy decoding):

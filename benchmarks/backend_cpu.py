@@ -11,7 +11,7 @@ Output lengths are forced (backend: ignore_eos; transformers: min_new_tokens). T
 alternate repetition by repetition (the idle side uses no CPU), so load from other work on the
 machine hits both alike. Medians are reported next to every raw sample in the JSON.
 
-    flock /tmp/ft-heavy.lock .venv/bin/python -m loadtests.bench_backend_cpu \
+    flock /tmp/ft-heavy.lock .venv/bin/python -m benchmarks.backend_cpu \
         --out docs/benchmarks/backend-cpu.json
 """
 from __future__ import annotations
