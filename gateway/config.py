@@ -16,9 +16,8 @@ from typing import Any, Mapping, get_type_hints
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """The configuration file is invalid; the message names the offending key."""
+from gateway import formats
+from gateway.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -241,7 +240,6 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: invalid YAML: {exc}") from None
         return build_config(doc, env)
-    from gateway import formats
     if p.suffix == ".toml":
         return build_config(formats.from_toml(text), env)
     if p.suffix == ".json":

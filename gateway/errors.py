@@ -5,6 +5,10 @@ import json
 from typing import Any
 
 
+class ConfigError(ValueError):
+    """The configuration file is invalid; the message names the offending key."""
+
+
 class GatewayError(Exception):
     """An error the client should see, with its HTTP status and OpenAI error fields."""
 

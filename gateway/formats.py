@@ -28,7 +28,7 @@ import sys
 from typing import Any
 from urllib.parse import urlparse
 
-from gateway.config import ConfigError
+from gateway.errors import ConfigError
 
 DEFAULT_KEYS = [{"name": "default", "env": "GATEWAY_API_KEY", "models": ["*"]}]
 _ENV_ONLY = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
