@@ -209,7 +209,7 @@ class RunState:
         if not _is_master(self.env):  # local: this process's own samples
             self.sink.monitor.extend(self.monitor.drain())
         s = self.settings
-        public = {k: v for k, v in vars(s).items() if k != "api_key"}  # keys never logged
+        public = s.model_dump(exclude={"api_key"})  # keys never logged
         summary = build_summary(self.sink.records, public, self.sink.monitor,
                                 s.rate if s.arrival != "closed" else 0.0)
         summary["prompt_lengths_exact"] = (self.prompts.exact if self.prompts

@@ -7,48 +7,66 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ARRIVALS = ("closed", "constant", "poisson")
 
 # config.toml [profiling] key -> LoadSettings field
 _PROFILING_KEYS = {"warmup_runs": "warmup_requests", "measure_runs": "measure_requests",
                    "prompt_tokens": "prompt_tokens", "output_tokens": "output_tokens"}
-# keys a [profiling] section may carry that this tool does not use (accepted, ignored)
-_PROFILING_IGNORED = {"enable_nvtx", "nvtx_range_prefix"}
 
 
-@dataclass(frozen=True)
-class LoadSettings:
+class LoadSettings(BaseModel):
+    """One load test's settings. Values from the web UI arrive as strings; pydantic's lax
+    mode casts them ("64" -> 64, "false" -> False) and rejects what does not fit."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     model: str = "smollm2"
-    prompt_tokens: int = 512
-    output_tokens: int = 256
+    prompt_tokens: int = Field(512, ge=0)
+    output_tokens: int = Field(256, ge=1)
     api_key: str | None = None
     records: str = "runs/records.jsonl"
-    warmup_requests: int = 5
-    measure_requests: int = 0          # 0 = no limit (stop by --run-time)
-    arrival: str = "closed"
-    rate: float = 0.0                  # open loop: requests/s over all workers
+    warmup_requests: int = Field(5, ge=0)
+    measure_requests: int = Field(0, ge=0)  # 0 = no limit (stop by --run-time)
+    arrival: Literal["closed", "constant", "poisson"] = "closed"
+    rate: float = Field(0.0, ge=0, allow_inf_nan=False)  # open loop: requests/s, all workers
     prompts_file: str | None = None
     tokenizer: str | None = None       # a tokenizer.json to use instead of POST /tokenize
     tokenize_url: str | None = None    # default: the host's /tokenize
-    endpoint: str = "chat"             # chat | completions
+    endpoint: Literal["chat", "completions"] = "chat"
     ignore_eos: bool = True
-    request_timeout: float = 600.0
+    request_timeout: float = Field(600.0, gt=0, allow_inf_nan=False)
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.arrival not in ARRIVALS:
-            raise ValueError(f"--arrival must be one of {ARRIVALS}, not {self.arrival!r}")
+    @model_validator(mode="after")
+    def _open_loop_has_a_rate(self) -> "LoadSettings":
         if self.arrival != "closed" and self.rate <= 0:
             raise ValueError(f"--arrival {self.arrival} needs --rate > 0 (requests/s)")
-        if self.prompt_tokens < 0 or self.output_tokens < 1:
-            raise ValueError("--prompt-tokens must be >= 0 and --output-tokens >= 1")
-        if self.warmup_requests < 0 or self.measure_requests < 0:
-            raise ValueError("--warmup-requests and --measure-requests must be >= 0")
-        if self.endpoint not in ("chat", "completions"):
-            raise ValueError("--endpoint must be chat or completions")
+        return self
+
+
+class ProfilingSection(BaseModel):
+    """``[profiling]`` of config.toml; ``enable_nvtx`` and ``nvtx_range_prefix`` belong to the
+    inference service and are accepted here without effect."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    warmup_runs: int | None = Field(None, ge=0)
+    measure_runs: int | None = Field(None, ge=0)
+    prompt_tokens: int | None = Field(None, ge=0)
+    output_tokens: int | None = Field(None, ge=1)
+    enable_nvtx: bool | None = None
+    nvtx_range_prefix: str | None = None
+
+
+def _flag(loc: tuple[Any, ...]) -> str:
+    return "--" + str(loc[0]).replace("_", "-") if loc else "settings"
+
+
+def _message(exc: ValidationError, where: Any) -> str:
+    """One line per problem, each naming where it is (a flag, or the dotted key of a file)."""
+    return "; ".join(f"{where(e['loc'])}: {e['msg']}" for e in exc.errors())
 
 
 def read_profiling(path: str) -> dict[str, int]:
@@ -59,14 +77,13 @@ def read_profiling(path: str) -> dict[str, int]:
     """
     with open(path, "rb") as f:
         doc = tomllib.load(f)
-    section = doc.get("profiling", {})
-    if not isinstance(section, dict):
-        raise ValueError(f"{path}: [profiling] must be a table")
-    unknown = sorted(set(section) - set(_PROFILING_KEYS) - _PROFILING_IGNORED)
-    if unknown:
-        raise ValueError(f"{path}: unknown [profiling] keys: {', '.join(unknown)} "
-                         f"(known: {', '.join(sorted(_PROFILING_KEYS))})")
-    return {_PROFILING_KEYS[k]: int(v) for k, v in section.items() if k in _PROFILING_KEYS}
+    try:
+        section = ProfilingSection.model_validate(doc.get("profiling", {}))
+    except ValidationError as exc:
+        raise ValueError(f"{path}: " + _message(
+            exc, lambda loc: ".".join(map(str, ("profiling", *loc))))) from None
+    return {field: getattr(section, key) for key, field in _PROFILING_KEYS.items()
+            if getattr(section, key) is not None}
 
 
 def add_arguments(parser: Any) -> None:
@@ -113,27 +130,20 @@ def resolve(options: Any) -> LoadSettings:
     config_path = getattr(options, "config", None)
     if config_path and str(config_path).endswith(".toml"):
         values.update(read_profiling(config_path))
-    for f in fields(LoadSettings):
-        given = getattr(options, f.name, None)
+    for name in LoadSettings.model_fields:
+        given = getattr(options, name, None)
         if given is not None and given != "":  # the web UI sends "" for an empty field
-            values[f.name] = given
+            values[name] = given
     values.setdefault("api_key", os.environ.get("GATEWAY_API_KEY") or None)
-    return LoadSettings(**{k: _coerce(k, v) for k, v in values.items()})
-
-
-def _coerce(name: str, value: Any) -> Any:
-    """Values from the web UI form arrive as strings; cast them to the field's type."""
-    default = LoadSettings.__dataclass_fields__[name].default
-    if isinstance(default, bool):
-        return value if isinstance(value, bool) else str(value).lower() in ("true", "1", "yes")
-    if isinstance(default, (int, float)) and not isinstance(value, (int, float)):
-        return type(default)(value)
-    return value
+    try:
+        return LoadSettings(**values)
+    except ValidationError as exc:
+        raise ValueError(_message(exc, _flag)) from None
 
 
 def write_back(options: Any, settings: LoadSettings) -> None:
     """Put resolved values into the parsed options, so Locust ships them to the workers."""
-    for f in fields(LoadSettings):
-        value = getattr(settings, f.name)
-        setattr(options, f.name, ("true" if value else "false") if f.name == "ignore_eos"
+    for name in LoadSettings.model_fields:
+        value = getattr(settings, name)
+        setattr(options, name, ("true" if value else "false") if name == "ignore_eos"
                 else value)

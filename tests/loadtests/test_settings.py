@@ -7,12 +7,12 @@ from loadtests.settings import LoadSettings, read_profiling, resolve
 
 
 def _opts(**kw):
-    base = {f: None for f in LoadSettings.__dataclass_fields__}
+    base = {f: None for f in LoadSettings.model_fields}
     base.update(kw)
     return Namespace(**base)
 
 
-def test_flags_beat_the_article_config_which_beats_defaults(tmp_path, monkeypatch):
+def test_flags_beat_the_config_file_which_beats_defaults(tmp_path, monkeypatch):
     monkeypatch.setenv("GATEWAY_API_KEY", "sk-from-env")
     cfg = tmp_path / "config.toml"
     cfg.write_text("[profiling]\nwarmup_runs = 5\nmeasure_runs = 20\nprompt_tokens = 512\n"
@@ -33,3 +33,22 @@ def test_unknown_profiling_key_is_named(tmp_path):
 def test_open_loop_needs_a_rate():
     with pytest.raises(ValueError, match="--rate"):
         resolve(_opts(arrival="constant"))
+
+
+def test_bad_values_name_the_flag_or_the_dotted_key(tmp_path):
+    with pytest.raises(ValueError, match="--output-tokens"):
+        resolve(_opts(output_tokens="0"))
+    with pytest.raises(ValueError, match="--rate"):
+        resolve(_opts(rate="nan", arrival="poisson"))
+    with pytest.raises(ValueError, match="--endpoint"):
+        resolve(_opts(endpoint="embeddings"))
+    with pytest.raises(ValueError, match="--ignore-eos"):
+        resolve(_opts(ignore_eos="perhaps"))
+    assert resolve(_opts(ignore_eos="false")).ignore_eos is False
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[profiling]\nmeasure_runs = \"many\"\n")
+    with pytest.raises(ValueError, match=r"profiling\.measure_runs"):
+        read_profiling(str(cfg))
+    cfg.write_text("profiling = 3\n")
+    with pytest.raises(ValueError, match="profiling"):
+        read_profiling(str(cfg))
