@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
 from aiohttp import web
 
 from gateway.errors import BadGateway, GatewayError, GatewayTimeout
-from gateway.httpclient import HIGH_WATER, Response, UpstreamError
+from gateway.httpclient import HIGH_WATER, UpstreamError
 from gateway.record import RequestRecord
 from gateway.upstream import Opened
 
+log = logging.getLogger("gateway.relay")
 # The C scanner json.loads itself ends in; it keeps no state between calls.
 _SCAN = json.JSONDecoder().scan_once
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8",
@@ -93,6 +95,8 @@ async def _fail(resp: web.StreamResponse, rec: RequestRecord, series: Any,
     """End a started stream with an error event and no [DONE]; the request counts as failed."""
     rec.status, rec.error = err.status, f"{err.code}: {err.message}"
     series.errors.inc()
+    log.warning("upstream stream failed: provider=%s status=%d code=%s request=%s",
+                rec.provider, err.status, err.code, rec.request_id)
     await _write(resp.write_eof, err.sse())  # the error event and the body's end, one send
     rec.t_end_ns = time.perf_counter_ns()
 
@@ -217,8 +221,9 @@ async def _pump(resp: web.StreamResponse, opened: Opened, rec: RequestRecord, se
     await _write(resp.write_eof, b"".join(out))
     rec.t_end_ns = clock()
     _contents_written(rec, contents, t_read, rec.t_end_ns, itl)  # content read with [DONE]
+    # The client has the whole stream: the request is a success whatever happens next (the
+    # upstream's body end may still be on its way; the caller lets the pool wait for it).
     rec.status = 200
-    await _drain(opened.response)
 
 
 def _contents_written(rec: RequestRecord, n: int, t_read: int, t_written: int,
@@ -230,17 +235,6 @@ def _contents_written(rec: RequestRecord, n: int, t_read: int, t_written: int,
         if gap is not None:  # None for the stream's first content
             itl.observe(gap / 1e9)
     return first
-
-
-async def _drain(upstream: Response) -> None:
-    """Read past [DONE] to the body's end so the upstream connection goes back to the pool
-    (an unfinished body would force a new connection, and its setup, for the next request)."""
-    try:
-        async with asyncio.timeout(1.0):
-            while await upstream.readany():
-                pass
-    except (TimeoutError, UpstreamError):
-        upstream.close()
 
 
 async def _write(write: Any, data: bytes) -> None:
