@@ -306,6 +306,10 @@ class Pool:
             self._sweeper = asyncio.get_running_loop().call_later(
                 self.keepalive_seconds / 2, self._sweep)
 
+    def counts(self) -> tuple[int, int]:
+        """(open connections, those of them idle in the pool): a leak check's numbers."""
+        return len(self._open), sum(len(idle) for idle in self._idle.values())
+
     def forget(self, conn: _Connection) -> None:
         self._open.discard(conn)
         idle = self._idle.get(conn.key)

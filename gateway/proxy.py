@@ -23,6 +23,7 @@ from gateway.validate import parse_body
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+MAX_MODEL_CHARS = 256
 # After [DONE] the upstream's body end is normally in the same packet; waiting longer for it
 # keeps the connection reusable, and happens after the request was recorded.
 _BODY_END_WAIT_S = 1.0
@@ -46,6 +47,9 @@ async def _read_body(request: web.Request, endpoint: str) -> dict[str, Any]:
         raise BadRequest("Request body must be a JSON object.")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise BadRequest("'model' is required and must be a string.", param="model")
+    if len(body["model"]) > MAX_MODEL_CHARS:  # it is echoed in errors and logged: bound it
+        raise BadRequest(f"'model' is longer than {MAX_MODEL_CHARS} characters.",
+                         param="model")
     if endpoint == CHAT:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):

@@ -120,7 +120,7 @@ class RequestRecord:
         }
 
 
-MAX_FIELD_CHARS = 512  # model names, error messages: a line stays short and csv-readable
+MAX_FIELD_CHARS = 400  # model names, error messages: a line stays short and csv-readable
 TRUNCATED = "...[truncated]"
 
 

@@ -31,7 +31,7 @@ _DROP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "trailers", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
     "x-api-key", "api-key", "cookie", "accept-encoding", "expect", "content-type",
-    "x-request-id",
+    "x-request-id", "content-encoding",  # the body is re-encoded: plain JSON
 })
 
 
