@@ -10,7 +10,7 @@ import pytest
 from yarl import URL
 
 from benchmarks.rawhttp import exchange, request_bytes
-from gateway.record import MAX_FIELD_CHARS
+from gateway.record import LOG_FIELDS, MAX_FIELD_CHARS, TRUNCATED, RequestLog
 from tests.gateway.conftest import CLIENT_KEY, Gateway
 
 OK = {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}
@@ -109,4 +109,17 @@ async def test_request_log_bounded_and_csv_readable(make_gateway, tmp_path):
         back = list(csv.DictReader(f))
     assert len(back) == n
     assert all(len(v) <= MAX_FIELD_CHARS for row in back for v in row.values())
-    assert any(r["error"].endswith("[truncated]") for r in back)
+
+
+
+def test_request_log_truncates_with_marker(tmp_path):
+    log = RequestLog(str(tmp_path / "r.jsonl"), str(tmp_path / "r.csv"))
+    log.write({**{k: None for k in LOG_FIELDS}, "model": "m" * 1_000_000,
+               "error": "upstream: \udc80" + "x" * 10})
+    log.flush()
+    with open(tmp_path / "r.csv", newline="", encoding="utf-8") as f:
+        (row,) = list(csv.DictReader(f))
+    assert len(row["model"]) == MAX_FIELD_CHARS and row["model"].endswith(TRUNCATED)
+    assert row["error"] == "upstream: \\udc80" + "x" * 10
+    (line,) = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert json.loads(line)["model"] == row["model"]
