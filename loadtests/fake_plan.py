@@ -19,7 +19,7 @@ OPTION_TYPES: dict[str, Callable[[Any], Any]] = {
     "no_role": flag, "reasoning": int, "tool_calls": flag, "stamp": flag,
     "tail_ms": float, "echo_auth": flag,
 }
-FAULTS = {"", "401", "500", "502", "503", "429", "close", "cut", "malformed", "stall_first",
+FAULTS = {"", "400", "422", "401", "500", "502", "503", "429", "close", "cut", "malformed", "stall_first",
            "stall_mid", "no_usage", "hang", "step_failed"}
 
 

@@ -24,8 +24,8 @@ option             meaning
 =================  =========================================================================
 ttft_ms, itl_ms    delays (float ms), override the server defaults
 tokens             content tokens to send (still capped by ``max_tokens``)
-fault              one of: ``401`` ``500`` ``502`` ``503`` (JSON error), ``429`` (with ``Retry-After``),
-                   ``close`` (close the connection before any header: the client sees a
+fault              one of: ``400`` ``401`` ``422`` ``500`` ``502`` ``503`` (JSON error),
+                   ``429`` (with ``Retry-After``), ``close`` (close the connection before any header: the client sees a
                    disconnect), ``cut`` (drop the connection after ``cut_after`` content chunks,
                    no terminating chunk), ``malformed`` (a broken ``data:`` line after
                    ``cut_after`` chunks), ``stall_first`` (role chunk, then silence for
@@ -244,7 +244,7 @@ class FakeUpstream:
         return web.json_response({"tokens": toks, "count": len(toks)})
 
     async def _fault_response(self, request: web.Request, plan: Plan) -> web.Response | None:
-        if plan.fault in ("401", "500", "502", "503", "429", "step_failed"):
+        if plan.fault in ("400", "401", "422", "500", "502", "503", "429", "step_failed"):
             status = 500 if plan.fault == "step_failed" else int(plan.fault)
             headers = {"Retry-After": f"{plan.retry_after:g}"} if status == 429 else None
             message = f"fake upstream fault {plan.fault}"
