@@ -74,14 +74,15 @@ async def exchange(host: str, port: int, data: bytes, *, timeout: float = 30.0,
         loop = asyncio.get_running_loop()
         give_up = None if abort_after_s is None else loop.time() + abort_after_s
         while not reply.complete:
-            wait = timeout if give_up is None else min(timeout, give_up - loop.time())
-            if give_up is not None and wait <= 0:
+            planned = give_up is not None and give_up - loop.time() <= timeout
+            wait = give_up - loop.time() if planned else timeout  # type: ignore[operator]
+            if wait <= 0:
                 break
             try:
                 async with asyncio.timeout(wait):
                     chunk = await reader.read(65536)
             except TimeoutError:
-                reply.timed_out = give_up is None or loop.time() < give_up
+                reply.timed_out = not planned  # else: the planned hang-up
                 break
             except ConnectionError:
                 break
