@@ -136,8 +136,11 @@ class GuardedHandler(RequestHandler):
         # event and the exception's class only.
         exc = kw.get("exc_info")
         what = args[0] if args and isinstance(args[0], str) else "error"
-        log.warning("%s (%s)", what.split(" from ")[0],
-                  type(exc).__name__ if isinstance(exc, BaseException) else "no exception")
+        # A body the client broke (bad gzip, cut chunking) is the client's fault, already
+        # answered with a 400: not worth a warning when aiohttp trips on it again.
+        level = logging.INFO if isinstance(exc, web.RequestPayloadError) else logging.WARNING
+        log.log(level, "%s (%s)", what.split(" from ")[0],
+                type(exc).__name__ if isinstance(exc, BaseException) else "no exception")
 
 
 class GuardedServer(web.Server):
