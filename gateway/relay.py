@@ -79,7 +79,7 @@ async def relay(request: web.Request, opened: Opened, rec: RequestRecord, series
             what = "first token" if rec.t_first_ns is None else "complete response"
             await _fail(resp, rec, series, GatewayTimeout(
                 f"Provider {name!r} did not send the {what} in time."))
-        except (UpstreamError, ValueError) as exc:
+        except (UpstreamError, ValueError, RecursionError) as exc:  # bad or too deep JSON
             why = str(exc) if isinstance(exc, UpstreamError) else "malformed SSE data"
             await _fail(resp, rec, series, BadGateway(
                 f"Upstream stream from provider {name!r} broke ({why}).",
@@ -90,13 +90,19 @@ async def relay(request: web.Request, opened: Opened, rec: RequestRecord, series
     return resp
 
 
+def _logged(rec: RequestRecord, err: GatewayError) -> GatewayError:
+    """One log line for an upstream that failed after answering 200: no body, no key."""
+    log.warning("upstream response failed: provider=%s status=%d code=%s request=%s",
+                rec.provider, err.status, err.code, rec.request_id)
+    return err
+
+
 async def _fail(resp: web.StreamResponse, rec: RequestRecord, series: Any,
                 err: GatewayError) -> None:
     """End a started stream with an error event and no [DONE]; the request counts as failed."""
     rec.status, rec.error = err.status, f"{err.code}: {err.message}"
     series.errors.inc()
-    log.warning("upstream stream failed: provider=%s status=%d code=%s request=%s",
-                rec.provider, err.status, err.code, rec.request_id)
+    _logged(rec, err)
     await _write(resp.write_eof, err.sse())  # the error event and the body's end, one send
     rec.t_end_ns = time.perf_counter_ns()
 
@@ -250,16 +256,18 @@ async def _relay_json(opened: Opened, rec: RequestRecord) -> web.Response:
         async with asyncio.timeout_at(opened.total_deadline):
             raw = await opened.response.read()
     except TimeoutError:
-        raise GatewayTimeout(f"Provider {opened.deployment.provider.name!r} did not answer "
-                             "in time.") from None
+        raise _logged(rec, GatewayTimeout(f"Provider {opened.deployment.provider.name!r} did "
+                                          "not answer in time.")) from None
     except UpstreamError as exc:
-        raise BadGateway(f"Upstream body from provider {opened.deployment.provider.name!r} "
-                         f"broke ({exc}).", code="upstream_stream_error") from None
+        raise _logged(rec, BadGateway(f"Upstream body from provider "
+                                      f"{opened.deployment.provider.name!r} broke ({exc}).",
+                                      code="upstream_stream_error")) from None
     t_read = time.perf_counter_ns()
     try:
         obj = json.loads(raw)
-    except ValueError:
-        raise BadGateway("Upstream sent invalid JSON.", code="upstream_bad_json") from None
+    except (ValueError, RecursionError):
+        raise _logged(rec, BadGateway("Upstream sent invalid JSON.",
+                                      code="upstream_bad_json")) from None
     if isinstance(obj, dict):
         _note_usage(rec, obj)
         _note_finish(rec, obj.get("choices"))
