@@ -81,7 +81,9 @@ class GuardedHandler(RequestHandler):
         super().connection_lost(exc)
 
     def eof_received(self) -> None:
-        if self._refused and self.transport is not None:
+        if not self._refused:
+            super().eof_received()
+        elif self.transport is not None:  # the refused client is done sending: close now
             self.transport.close()
 
     # ---- header-read timeout -------------------------------------------------------------
