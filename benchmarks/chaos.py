@@ -107,7 +107,7 @@ def _fds() -> int:
 
 
 def gateway_config(fake_url: str, log_path: Path) -> dict[str, Any]:
-    provider = {"max_retries": 1, "timeout_seconds": 10, "first_token_timeout_seconds": 0.4,
+    provider = {"max_retries": 1, "timeout_seconds": 10, "first_token_timeout_seconds": 1.0,
                 "connect_timeout_seconds": 2}
     return {
         "keys": [{"name": "chaos", "env": "CHAOS_KEY"}],
