@@ -17,9 +17,10 @@ OPTION_TYPES: dict[str, Callable[[Any], Any]] = {
     "ttft_ms": float, "itl_ms": float, "tokens": int, "fault": str, "fail_times": int,
     "retry_after": float, "cut_after": int, "stall_s": float, "keepalive": int,
     "no_role": flag, "reasoning": int, "tool_calls": flag, "stamp": flag,
+    "tail_ms": float, "echo_auth": flag,
 }
-FAULTS = {"", "401", "500", "502", "503", "429", "close", "cut", "malformed", "stall_first",
-           "stall_mid", "no_usage"}
+FAULTS = {"", "400", "422", "401", "500", "502", "503", "429", "close", "cut", "malformed", "stall_first",
+           "stall_mid", "no_usage", "hang", "step_failed"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class Plan:
     tool_calls: bool
     include_usage: bool
     stamp: bool
+    tail_s: float = 0.0       # pause between data: [DONE] and the body's end
+    echo_auth: bool = False   # error bodies quote the Authorization header, \u-escaped
 
 
 def words(text: str) -> list[str]:

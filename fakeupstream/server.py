@@ -24,13 +24,15 @@ option             meaning
 =================  =========================================================================
 ttft_ms, itl_ms    delays (float ms), override the server defaults
 tokens             content tokens to send (still capped by ``max_tokens``)
-fault              one of: ``401`` ``500`` ``502`` ``503`` (JSON error), ``429`` (with ``Retry-After``),
-                   ``close`` (close the connection before any header: the client sees a
+fault              one of: ``400`` ``401`` ``422`` ``500`` ``502`` ``503`` (JSON error),
+                   ``429`` (with ``Retry-After``), ``close`` (close the connection before any header: the client sees a
                    disconnect), ``cut`` (drop the connection after ``cut_after`` content chunks,
                    no terminating chunk), ``malformed`` (a broken ``data:`` line after
                    ``cut_after`` chunks), ``stall_first`` (role chunk, then silence for
                    ``stall_s``), ``stall_mid`` (silence after ``cut_after`` chunks), ``no_usage``
-                   (never send usage, even when asked)
+                   (never send usage, even when asked), ``hang`` (read the request, then
+                   silence for ``stall_s`` before any header), ``step_failed`` (HTTP 500 with
+                   code ``request_failed_in_step``: the request broke an engine step)
 fail_times         apply ``fault`` only to the first N requests with the same ``x-request-id``
                    (then answer normally): for retry tests
 retry_after        seconds in the ``Retry-After`` header of a 429 (default 1)
@@ -41,6 +43,9 @@ keepalive          number of empty-content chunks (``delta: {"content": ""}``) a
 no_role            true: skip the role-only chunk
 reasoning          the first N tokens go out as ``delta.reasoning_content``
 tool_calls         true: tokens go out as ``delta.tool_calls`` argument fragments
+tail_ms            pause between ``data: [DONE]`` and the end of the body (default 0)
+echo_auth          true: a JSON error fault's message quotes the ``Authorization`` header it
+                   received, every character written as a ``\\uXXXX`` JSON escape
 stamp              true: every content chunk carries ``fake_recv_ns`` (the request's receipt)
                    and ``fake_sent_ns`` (this chunk's send), ``time.monotonic_ns()`` values
 =================  =========================================================================
@@ -200,6 +205,7 @@ class FakeUpstream:
             reasoning=int(o.get("reasoning", 0)), tool_calls=bool(o.get("tool_calls", False)),
             include_usage=isinstance(so, dict) and bool(so.get("include_usage")),
             stamp=bool(o.get("stamp", c.stamp)),
+            tail_s=float(o.get("tail_ms", 0.0)) / 1000, echo_auth=bool(o.get("echo_auth")),
         )
 
     # ---- handlers --------------------------------------------------------------------------
@@ -237,12 +243,21 @@ class FakeUpstream:
         return web.json_response({"tokens": toks, "count": len(toks)})
 
     async def _fault_response(self, request: web.Request, plan: Plan) -> web.Response | None:
-        if plan.fault in ("401", "500", "502", "503", "429"):
-            status = int(plan.fault)
+        if plan.fault in ("400", "401", "422", "500", "502", "503", "429", "step_failed"):
+            status = 500 if plan.fault == "step_failed" else int(plan.fault)
             headers = {"Retry-After": f"{plan.retry_after:g}"} if status == 429 else None
-            err = {"error": {"message": f"fake upstream fault {status}", "type": "fake_fault",
-                             "param": None, "code": status}}
-            return web.json_response(err, status=status, headers=headers)
+            message = f"fake upstream fault {plan.fault}"
+            if plan.echo_auth:  # "\u0073\u006b..." : only a JSON decoder sees the key
+                message += " " + "".join(f"\\u{ord(ch):04x}" for ch in
+                                         request.headers.get("Authorization", ""))
+            code = '"request_failed_in_step"' if plan.fault == "step_failed" else str(status)
+            kind = "server_error" if plan.fault == "step_failed" else "fake_fault"
+            text = (f'{{"error": {{"message": "{message}", "type": "{kind}", "param": null, '
+                    f'"code": {code}}}}}')
+            return web.Response(text=text, status=status, headers=headers,
+                                content_type="application/json")
+        if plan.fault == "hang":
+            await asyncio.sleep(plan.stall_s)
         if plan.fault == "close":
             if request.transport is not None:
                 request.transport.close()
@@ -356,6 +371,8 @@ class FakeUpstream:
             await write(sse({"id": cid, "object": obj, "created": int(time.time()),
                               "model": model, "choices": [], "usage": usage}))
         await write(b"data: [DONE]\n\n")
+        if plan.tail_s:
+            await asyncio.sleep(plan.tail_s)
         await resp.write_eof()
 
     @staticmethod

@@ -22,6 +22,7 @@ from gateway.metrics import Metrics
 from gateway.proxy import CHAT, COMPLETIONS, proxy
 from gateway.record import RequestLog
 from gateway.router import Router
+from gateway.server import GatewayRunner, Guard
 
 log = logging.getLogger("gateway")
 _RID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -169,10 +170,14 @@ async def start_server(app: web.Application, host: str = "127.0.0.1", port: int 
     """Serve ``app`` on host:port (0 = any free port); returns the runner and base URL."""
     grace = app[state.CONFIG].shutdown_grace_seconds if shutdown_timeout is None \
         else shutdown_timeout
+    sc = app[state.CONFIG].server
     # handler_cancellation: a client that disconnects cancels its handler at once, which
     # closes the upstream connection even while we wait for the first token.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=grace)
+    # keepalive_timeout: aiohttp closes a connection idle this long (no request in progress),
+    # from its start too, so a socket that never sends a byte is closed as well.
+    runner = GatewayRunner(app, guard=Guard(sc.header_timeout_seconds, sc.max_connections),
+                           handler_cancellation=True, access_log=None, shutdown_timeout=grace,
+                           keepalive_timeout=sc.idle_timeout_seconds)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096)
     await site.start()

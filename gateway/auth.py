@@ -5,6 +5,7 @@ import fnmatch
 import hashlib
 import hmac
 import logging
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -63,12 +64,25 @@ class KeyStore:
         return found
 
 
+MAX_KEY_CHARS = 1024
+# Printable ASCII without space: what API keys are made of. Anything else (control bytes,
+# bytes that are not UTF-8, which aiohttp hands over as surrogates) is refused unseen.
+_KEY_RE = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_KEY_CHARS)
+
+
 def presented_key(request: web.Request) -> str | None:
-    """The client's key from ``Authorization: Bearer`` (or ``x-api-key``/``api-key``)."""
+    """The client's key from ``Authorization: Bearer`` (or ``x-api-key``/``api-key``).
+
+    A malformed key is a 401 whose message never quotes it."""
     auth = request.headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    return request.headers.get("x-api-key") or request.headers.get("api-key")
+        key: str | None = auth[7:].strip()
+    else:
+        key = request.headers.get("x-api-key") or request.headers.get("api-key")
+    if key and not _KEY_RE.fullmatch(key):
+        raise Unauthorized("Malformed API key: a key is printable ASCII without spaces, at "
+                           f"most {MAX_KEY_CHARS} characters.", code="malformed_api_key")
+    return key
 
 
 def require_model(key: ClientKey, model: str) -> None:

@@ -93,6 +93,20 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class ServerConfig:
+    """The gateway's own HTTP server: how long a client may take, how many may connect."""
+    header_timeout_seconds: float = 10.0   # first byte of a request head -> its end
+    body_timeout_seconds: float = 30.0     # reading the request body
+    idle_timeout_seconds: float = 75.0     # a connection with no request in progress
+    max_connections: int = 10_000          # open client connections; more get a 503
+
+    def __post_init__(self) -> None:
+        if min(self.header_timeout_seconds, self.body_timeout_seconds,
+               self.idle_timeout_seconds) <= 0 or self.max_connections < 1:
+            raise ConfigError("server timeouts must be > 0 and max_connections >= 1")
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     providers: Mapping[str, ProviderConfig]
     models: Mapping[str, ModelConfig]
@@ -103,6 +117,7 @@ class GatewayConfig:
     metrics: MetricsConfig = MetricsConfig()
     retry: RetryConfig = RetryConfig()
     limits: LimitsConfig = LimitsConfig()
+    server: ServerConfig = ServerConfig()
     shutdown_grace_seconds: float = 30.0
 
     def __post_init__(self) -> None:

@@ -50,6 +50,10 @@ class NotFound(GatewayError):
     status, type, code = 404, "invalid_request_error", "model_not_found"
 
 
+class RequestTimeout(GatewayError):
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
 class PayloadTooLarge(GatewayError):
     status, type, code = 413, "invalid_request_error", "request_too_large"
 

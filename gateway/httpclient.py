@@ -44,6 +44,7 @@ class Response:
         self._eof = False
         self._exc: UpstreamError | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._discard: asyncio.TimerHandle | None = None  # see release_after_body
 
     @property
     def content_type(self) -> str:
@@ -81,6 +82,20 @@ class Response:
         if self._conn.response is self:  # not after release(): the connection may be reused
             self._conn.finish(reuse=self._eof and self._exc is None and not self._chunks)
 
+    def release_after_body(self, timeout: float) -> None:
+        """Done with it, though the body's end may still be arriving (the bytes after an SSE
+        ``[DONE]``): discard the rest and return the connection to the pool when the body ends,
+        or drop it after ``timeout`` seconds. No task waits for it."""
+        if self._eof or self._exc is not None or self._conn.closed:
+            self.release()
+            return
+        self._chunks.clear()
+        self._buffered = 0
+        self._discard = self._conn.loop.call_later(timeout, self.close)
+        if self._paused:
+            self._paused = False
+            self._conn.transport.resume_reading()
+
     def close(self) -> None:
         """Drop the connection now (the upstream sees the disconnect and can stop generating)."""
         if self._conn.response is self:
@@ -88,6 +103,8 @@ class Response:
 
     # ---- fed by the connection -------------------------------------------------------------
     def _feed(self, data: bytes) -> None:
+        if self._discard is not None:
+            return
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > HIGH_WATER and not self._paused:
@@ -101,6 +118,10 @@ class Response:
         elif not self._eof:
             self._exc = exc
         self._wake()
+        if self._discard is not None:  # released after its body: the body is over now
+            self._discard.cancel()
+            self._discard = None
+            self.release()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -284,6 +305,10 @@ class Pool:
         if left:
             self._sweeper = asyncio.get_running_loop().call_later(
                 self.keepalive_seconds / 2, self._sweep)
+
+    def counts(self) -> tuple[int, int]:
+        """(open connections, those of them idle in the pool): a leak check's numbers."""
+        return len(self._open), sum(len(idle) for idle in self._idle.values())
 
     def forget(self, conn: _Connection) -> None:
         self._open.discard(conn)

@@ -5,39 +5,51 @@ One function serves /v1/chat/completions and /v1/completions, streaming or not.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway import state
 from gateway.auth import presented_key, require_model
-from gateway.errors import BadRequest, GatewayError, PayloadTooLarge
+from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, RequestTimeout
 from gateway.metrics import NO_PROVIDER, UNKNOWN, Series
 from gateway.record import RequestRecord
 from gateway.relay import relay
 from gateway.router import Route
 from gateway.upstream import Opened, forward_headers, open_upstream
+from gateway.validate import parse_body
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+MAX_MODEL_CHARS = 256
+# After [DONE] the upstream's body end is normally in the same packet; waiting longer for it
+# keeps the connection reusable, and happens after the request was recorded.
+_BODY_END_WAIT_S = 1.0
 
 
 async def _read_body(request: web.Request, endpoint: str) -> dict[str, Any]:
     try:
-        raw = await request.read()
+        async with asyncio.timeout(request.app[state.CONFIG].server.body_timeout_seconds):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"Request body is larger than {request.client_max_size} "
                               "bytes.") from None
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise BadRequest("Request body is not valid JSON.") from None
+    except TimeoutError:
+        raise RequestTimeout("The request body was not received in time.") from None
+    except (web.RequestPayloadError, HttpProcessingError):  # e.g. Content-Encoding: gzip
+        # on a body that is not gzip, or a chunked body that breaks its framing
+        raise BadRequest("Request body cannot be decoded as its Content-Encoding says.",
+                         code="bad_content_encoding") from None
+    body = parse_body(raw)
     if not isinstance(body, dict):
         raise BadRequest("Request body must be a JSON object.")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise BadRequest("'model' is required and must be a string.", param="model")
+    if len(body["model"]) > MAX_MODEL_CHARS:  # it is echoed in errors and logged: bound it
+        raise BadRequest(f"'model' is longer than {MAX_MODEL_CHARS} characters.",
+                         param="model")
     if endpoint == CHAT:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
@@ -101,7 +113,8 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         rec.status, rec.error = exc.status, f"{exc.code}: {exc.message}"
         raise
     except asyncio.CancelledError:
-        rec.status, rec.error = 499, "client_disconnected"
+        if rec.status != 200:  # a client leaving after the whole answer is no disconnect
+            rec.status, rec.error = 499, "client_disconnected"
         raise
     except Exception as exc:
         rec.status, rec.error = 500, f"internal_error: {type(exc).__name__}"
@@ -110,7 +123,7 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         if opened is not None:
             opened.deployment.in_flight -= 1
             if rec.status == 200:
-                opened.response.release()
+                opened.response.release_after_body(_BODY_END_WAIT_S)
             else:  # closing the connection tells the upstream to stop generating now
                 opened.response.close()
         if series is not None:

@@ -120,6 +120,22 @@ class RequestRecord:
         }
 
 
+MAX_FIELD_CHARS = 400  # model names, error messages: a line stays short and csv-readable
+TRUNCATED = "...[truncated]"
+
+
+def _bounded(value: Any) -> Any:
+    """A string field cut to MAX_FIELD_CHARS (with a marker) and made encodable as UTF-8
+    (a lone surrogate becomes its ``\\udXXX`` escape), so no row can break either file."""
+    if not isinstance(value, str):
+        return value
+    if len(value) > MAX_FIELD_CHARS:
+        value = value[:MAX_FIELD_CHARS - len(TRUNCATED)] + TRUNCATED
+    if not value.isascii():
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
 class RequestLog:
     """Appends one JSON line (and optionally one CSV row) per request.
 
@@ -148,6 +164,7 @@ class RequestLog:
         return open(path, "a", encoding="utf-8", buffering=io.DEFAULT_BUFFER_SIZE * 16)
 
     def write(self, row: dict[str, Any]) -> None:
+        row = {k: _bounded(v) for k, v in row.items()}
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(row, separators=(",", ":")) + "\n")
         if self._csv is not None:

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
 from aiohttp import web
 
 from gateway.errors import BadGateway, GatewayError, GatewayTimeout
-from gateway.httpclient import HIGH_WATER, Response, UpstreamError
+from gateway.httpclient import HIGH_WATER, UpstreamError
 from gateway.record import RequestRecord
 from gateway.upstream import Opened
 from openai_stream import SSEError, SSEFramer, finish_reason_of, has_content, is_done, usage_of
 
+log = logging.getLogger("gateway.relay")
 # The C scanner json.loads itself ends in; it keeps no state between calls.
 _SCAN = json.JSONDecoder().scan_once
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8",
@@ -62,7 +64,7 @@ async def relay(request: web.Request, opened: Opened, rec: RequestRecord, series
             what = "first token" if rec.t_first_ns is None else "complete response"
             await _fail(resp, rec, series, GatewayTimeout(
                 f"Provider {name!r} did not send the {what} in time."))
-        except (UpstreamError, ValueError) as exc:
+        except (UpstreamError, ValueError, RecursionError) as exc:  # bad or too deep JSON
             why = str(exc) if isinstance(exc, (UpstreamError, SSEError)) else "malformed SSE data"
             await _fail(resp, rec, series, BadGateway(
                 f"Upstream stream from provider {name!r} broke ({why}).",
@@ -73,11 +75,19 @@ async def relay(request: web.Request, opened: Opened, rec: RequestRecord, series
     return resp
 
 
+def _logged(rec: RequestRecord, err: GatewayError) -> GatewayError:
+    """One log line for an upstream that failed after answering 200: no body, no key."""
+    log.warning("upstream response failed: provider=%s status=%d code=%s request=%s",
+                rec.provider, err.status, err.code, rec.request_id)
+    return err
+
+
 async def _fail(resp: web.StreamResponse, rec: RequestRecord, series: Any,
                 err: GatewayError) -> None:
     """End a started stream with an error event and no [DONE]; the request counts as failed."""
     rec.status, rec.error = err.status, f"{err.code}: {err.message}"
     series.errors.inc()
+    _logged(rec, err)
     await _write(resp.write_eof, err.sse())  # the error event and the body's end, one send
     rec.t_end_ns = time.perf_counter_ns()
 
@@ -159,8 +169,9 @@ async def _pump(resp: web.StreamResponse, opened: Opened, rec: RequestRecord, se
     await _write(resp.write_eof, b"".join(out))
     rec.t_end_ns = clock()
     _contents_written(rec, contents, t_read, rec.t_end_ns, itl)  # content read with [DONE]
+    # The client has the whole stream: the request is a success whatever happens next (the
+    # upstream's body end may still be on its way; the caller lets the pool wait for it).
     rec.status = 200
-    await _drain(opened.response)
 
 
 def _contents_written(rec: RequestRecord, n: int, t_read: int, t_written: int,
@@ -172,17 +183,6 @@ def _contents_written(rec: RequestRecord, n: int, t_read: int, t_written: int,
         if gap is not None:  # None for the stream's first content
             itl.observe(gap / 1e9)
     return first
-
-
-async def _drain(upstream: Response) -> None:
-    """Read past [DONE] to the body's end so the upstream connection goes back to the pool
-    (an unfinished body would force a new connection, and its setup, for the next request)."""
-    try:
-        async with asyncio.timeout(1.0):
-            while await upstream.readany():
-                pass
-    except (TimeoutError, UpstreamError):
-        upstream.close()
 
 
 async def _write(write: Any, data: bytes) -> None:
@@ -198,16 +198,18 @@ async def _relay_json(opened: Opened, rec: RequestRecord) -> web.Response:
         async with asyncio.timeout_at(opened.total_deadline):
             raw = await opened.response.read()
     except TimeoutError:
-        raise GatewayTimeout(f"Provider {opened.deployment.provider.name!r} did not answer "
-                             "in time.") from None
+        raise _logged(rec, GatewayTimeout(f"Provider {opened.deployment.provider.name!r} did "
+                                          "not answer in time.")) from None
     except UpstreamError as exc:
-        raise BadGateway(f"Upstream body from provider {opened.deployment.provider.name!r} "
-                         f"broke ({exc}).", code="upstream_stream_error") from None
+        raise _logged(rec, BadGateway(f"Upstream body from provider "
+                                      f"{opened.deployment.provider.name!r} broke ({exc}).",
+                                      code="upstream_stream_error")) from None
     t_read = time.perf_counter_ns()
     try:
         obj = json.loads(raw)
-    except ValueError:
-        raise BadGateway("Upstream sent invalid JSON.", code="upstream_bad_json") from None
+    except (ValueError, RecursionError):
+        raise _logged(rec, BadGateway("Upstream sent invalid JSON.",
+                                      code="upstream_bad_json")) from None
     if isinstance(obj, dict):
         _note_usage(rec, obj)
         _note_finish(rec, obj.get("choices"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -22,13 +23,15 @@ from gateway.metrics import Series
 from gateway.record import RequestRecord
 from gateway.router import Deployment
 
+log = logging.getLogger("gateway.upstream")
+
 # Never forwarded: hop-by-hop headers (RFC 9110 7.6.1), the client's credentials, and headers
 # the gateway sets itself.
 _DROP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "trailers", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
     "x-api-key", "api-key", "cookie", "accept-encoding", "expect", "content-type",
-    "x-request-id",
+    "x-request-id", "content-encoding",  # the body is re-encoded: plain JSON
 })
 
 
@@ -55,21 +58,48 @@ class Opened:
 
 
 class _Retryable(Exception):
-    def __init__(self, error: GatewayError, retry_after: float | None = None) -> None:
+    """A failed attempt another attempt may fix. ``answered``: the upstream answered (5xx), so
+    the request reached it; ``rate_limited``: a 429, so this deployment is done for now."""
+
+    def __init__(self, error: GatewayError, retry_after: float | None = None, *,
+                 answered: bool = False, rate_limited: bool = False) -> None:
         super().__init__(error.message)
         self.error = error
         self.retry_after = retry_after
+        self.answered = answered
+        self.rate_limited = rate_limited
+
+
+# The backend's answer for a request that broke an engine step: retrying it would break
+# another step (and every stream sharing it), so it is never retried.
+STEP_FAILED = "request_failed_in_step"
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
     try:
-        return max(0.0, float(headers.get("Retry-After", "")))
+        value = float(headers.get("Retry-After", ""))
     except ValueError:
         return None
+    return max(0.0, value) if value == value and value != float("inf") else None
 
 
-def _scrub(text: str, secret: str | None) -> str:
-    return text.replace(secret, "***") if secret else text
+def scrub(value: Any, secret: str | None) -> Any:
+    """``value`` (decoded JSON, or text) with every occurrence of ``secret`` masked. On the
+    decoded form, so a key written with JSON escapes (``\\u0073\\u006b...``) is caught too."""
+    if not secret:
+        return value
+    if isinstance(value, str):
+        return value.replace(secret, "***")
+    if isinstance(value, dict):
+        return {scrub(k, secret): scrub(v, secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v, secret) for v in value]
+    return value
+
+
+def _error_code(body: Any) -> Any:
+    err = body.get("error") if isinstance(body, dict) else None
+    return err.get("code") if isinstance(err, dict) else None
 
 
 async def _classify(resp: Response, dep: Deployment) -> None:
@@ -81,15 +111,18 @@ async def _classify(resp: Response, dep: Deployment) -> None:
         raw = b""
     resp.release()
     try:
-        body: Any = json.loads(_scrub(raw.decode("utf-8", "replace"), dep.provider.api_key))
-    except ValueError:
+        body: Any = scrub(json.loads(raw.decode("utf-8", "replace")), dep.provider.api_key)
+    except (ValueError, RecursionError):
         body = None
     if resp.status == 429:
         raise _Retryable(RateLimited(f"Provider {name!r} is rate limiting (429)."),
-                         _retry_after(resp.headers))
+                         _retry_after(resp.headers), rate_limited=True)
     if resp.status >= 500:
+        if _error_code(body) == STEP_FAILED:
+            raise BadGateway(f"Provider {name!r} failed this request inside a model step "
+                             f"(HTTP {resp.status}); it is not retried.", code=STEP_FAILED)
         cls = Unavailable if resp.status == 503 else BadGateway
-        raise _Retryable(cls(f"Provider {name!r} answered HTTP {resp.status}."))
+        raise _Retryable(cls(f"Provider {name!r} answered HTTP {resp.status}."), answered=True)
     if resp.status in (401, 403):
         # Our upstream credentials are wrong: not the client's fault, and not its key.
         raise BadGateway(f"Provider {name!r} rejected the gateway's credentials "
@@ -140,7 +173,13 @@ def _backoff(retry: RetryConfig, n: int) -> float:
 async def open_upstream(pool: Pool, order: list[Deployment], endpoint: str,
                         body: dict[str, Any], headers: CIMultiDict[str], rec: RequestRecord,
                         series: Series, retry: RetryConfig) -> Opened:
-    """Try deployments (least loaded first, then again with backoff) until one answers 200."""
+    """Try deployments (least loaded first, then again with backoff) until one answers 200.
+
+    Retry policy (docs/GATEWAY.md): no answer (refused, reset, no headers in time) is retried
+    up to ``max_retries`` times; a 5xx answer at most once per request; a 429 moves on to a
+    deployment not yet rate limited in this request, never the same one; a 4xx and a
+    ``request_failed_in_step`` 500 are never retried.
+    """
     usable = [d for d in order if d.provider.missing_env is None]
     if not usable:
         p = order[0].provider
@@ -149,15 +188,17 @@ async def open_upstream(pool: Pool, order: list[Deployment], endpoint: str,
     attempts = max(len(usable), 1 + usable[0].provider.config.max_retries)
     last: _Retryable | None = None
     payload, payload_model = b"", None
+    tried: set[int] = set()
+    limited: set[int] = set()   # deployments that answered 429 in this request
+    answered = 0                # 5xx answers so far
     for n in range(attempts):
-        dep = usable[n % len(usable)]
-        if n >= len(usable):  # this deployment failed before: wait before hitting it again
-            delay = _backoff(retry, n - len(usable))
-            if last is not None and last.retry_after is not None:
-                if last.retry_after > retry.retry_after_cap_seconds:
-                    break  # the upstream wants longer than we will hold the client
-                delay = max(delay, last.retry_after)
-            await asyncio.sleep(delay)
+        dep = next((d for k in range(len(usable))
+                    if id(d := usable[(n + k) % len(usable)]) not in limited), None)
+        if dep is None:
+            break  # every deployment is rate limiting us
+        if id(dep) in tried:  # this deployment failed before: wait before hitting it again
+            await asyncio.sleep(_backoff(retry, n - len(usable)))
+        tried.add(id(dep))
         if n:
             rec.retries += 1
             series.retries.inc()
@@ -171,14 +212,28 @@ async def open_upstream(pool: Pool, order: list[Deployment], endpoint: str,
         except _Retryable as exc:
             dep.in_flight -= 1
             series.errors.inc()
+            _log_failure(rec, dep, exc.error)
             last = exc
+            if exc.rate_limited:
+                limited.add(id(dep))
+            answered += exc.answered
+            if answered > 1:
+                break  # a second 5xx answer: the request itself may be what fails
         except BaseException as exc:
             dep.in_flight -= 1
             if isinstance(exc, GatewayError):
                 series.errors.inc()
+                _log_failure(rec, dep, exc)
             raise
     assert last is not None
     err = last.error
     if isinstance(err, RateLimited) and last.retry_after is not None:
         err.headers["Retry-After"] = f"{last.retry_after:g}"
     raise err
+
+
+def _log_failure(rec: RequestRecord, dep: Deployment, err: GatewayError) -> None:
+    """One line per failed attempt: who, what status and code; never a body or a key."""
+    log.warning("upstream attempt failed: provider=%s model=%r status=%d code=%r request=%s",
+                dep.provider.name, dep.model[:128], err.status, str(err.code)[:64],
+                rec.request_id)

@@ -77,46 +77,78 @@ async def test_missing_provider_key_is_503_naming_variable(gw: Gateway):
     assert exc.value.status_code == 503 and "GW_UNSET_KEY" in exc.value.message
 
 
-@pytest.mark.parametrize("fault", ["500", "502", "503", "close"])
-async def test_retry_before_first_byte_succeeds(gw: Gateway, fault):
-    fake = {"fault": fault, "fail_times": 2, "ttft_ms": 0}
+# No answer (a closed connection) is retried up to max_retries (2); a 5xx answer once.
+@pytest.mark.parametrize("fault,retries", [("500", 1), ("502", 1), ("503", 1), ("close", 2)])
+async def test_retry_before_first_byte_succeeds(gw: Gateway, fault, retries):
+    fake = {"fault": fault, "fail_times": retries, "ttft_ms": 0}
     stream = await gw.client().chat.completions.create(
         model="fast", messages=MSG, stream=True, extra_body={"fake": fake},
         extra_headers={"x-request-id": f"retry-{fault}"})
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text.startswith("t0 t1")
     (row,) = await gw.wait_rows(1)
-    assert row["status"] == 200 and row["retries"] == 2
-    assert gw.fake.stats.attempts_by_id[f"retry-{fault}"] == 3
+    assert row["status"] == 200 and row["retries"] == retries
+    assert gw.fake.stats.attempts_by_id[f"retry-{fault}"] == retries + 1
     m = await gw.metrics_text()
-    assert 'gateway_upstream_retries_total{model="fast",provider="fake"} 2.0' in m
-    assert 'gateway_upstream_errors_total{model="fast",provider="fake"} 2.0' in m
+    assert f'gateway_upstream_retries_total{{model="fast",provider="fake"}} {retries}.0' in m
+    assert f'gateway_upstream_errors_total{{model="fast",provider="fake"}} {retries}.0' in m
 
 
-async def test_retries_exhausted_maps_status(gw: Gateway):
+async def test_retries_exhausted_maps_status(gw: Gateway, caplog):
     for fault, status in (("502", 502), ("503", 503), ("close", 502)):
         with pytest.raises(openai.APIStatusError) as exc:
             await gw.client().chat.completions.create(model="fast", messages=MSG,
                                                       extra_body={"fake": {"fault": fault}})
         assert exc.value.status_code == status
     rows = await gw.wait_rows(3)
-    assert [r["retries"] for r in rows] == [2, 2, 2]  # max_retries: 2 -> 3 attempts
-    assert gw.fake.stats.requests == 9
+    # A 5xx answer is retried once; no answer up to max_retries (2) times.
+    assert [r["retries"] for r in rows] == [1, 1, 2]
+    assert gw.fake.stats.requests == 7
+    # Each failed attempt is one log line naming provider, status and code.
+    failed = [r.getMessage() for r in caplog.records if r.name == "gateway.upstream"]
+    assert len(failed) == 7 and all("provider=fake" in m and "status=" in m for m in failed)
 
 
-async def test_429_honours_retry_after_and_cap(gw: Gateway):
-    fake = {"fault": "429", "retry_after": 0.3, "fail_times": 1, "ttft_ms": 0}
+@pytest.mark.parametrize("fake_opts,status,code", [
+    ({"nonsense": 1}, 400, "upstream_rejected"),   # the fake's 400 for an unknown option
+    ({"fault": "401"}, 502, "upstream_auth_failed"),
+    ({"fault": "step_failed"}, 502, "request_failed_in_step"),
+])
+async def test_never_retried(make_gateway, fake, fake_opts, status, code):
+    """4xx-class faults and a request that broke an engine step go back after one attempt,
+    even with a second deployment to fail over to."""
+    gw = await make_gateway(models={"two": [{"provider": "fake", "model": "x"},
+                                            {"provider": "fake", "model": "y"}]})
+    got, _, raw = await _post(gw, {"model": "two", "messages": MSG, "fake": fake_opts})
+    assert (got, _err(raw)["code"]) == (status, code)
+    assert gw.fake.stats.requests == 1
+    (row,) = await gw.wait_rows(1)
+    assert row["retries"] == 0 and row["status"] == status
+
+
+async def test_429_fails_over_never_same_deployment(make_gateway, fake):
+    gw = await make_gateway(models={"two": [{"provider": "fake", "model": "x"},
+                                            {"provider": "fake", "model": "y"}]})
+    # Two deployments: the 429 moves the request to the other one at once.
+    fake_opts = {"fault": "429", "retry_after": 30, "fail_times": 1, "ttft_ms": 0}
     r = await gw.client().chat.completions.create(
-        model="fast", messages=MSG, extra_body={"fake": fake},
+        model="two", messages=MSG, extra_body={"fake": fake_opts},
         extra_headers={"x-request-id": "ra-1"})
     assert r.choices[0].message.content
     (row,) = await gw.wait_rows(1)
-    assert row["retries"] == 1 and row["e2e_s"] >= 0.3  # it waited Retry-After
-    # Longer than retry_after_cap_seconds (2): no waiting, the client gets 429 + Retry-After.
-    status, headers, raw = await _post(gw, {"model": "fast", "messages": MSG,
+    assert row["retries"] == 1 and row["e2e_s"] < 5  # it did not wait Retry-After
+    models = [rec.body["model"] for rec in fake.received]
+    assert len(models) == 2 and models[0] != models[1]
+    # Both rate limited: each tried once, then 429 + the upstream's Retry-After.
+    status, headers, raw = await _post(gw, {"model": "two", "messages": MSG,
                                             "fake": {"fault": "429", "retry_after": 30}})
     assert status == 429 and headers["Retry-After"] == "30"
     assert _err(raw)["code"] == "upstream_rate_limited"
+    assert fake.stats.requests == 4
+    # One deployment: no retry at all.
+    status, headers, _ = await _post(gw, {"model": "fast", "messages": MSG,
+                                          "fake": {"fault": "429", "retry_after": 0.5}})
+    assert status == 429 and headers["Retry-After"] == "0.5" and fake.stats.requests == 5
 
 
 async def test_failover_to_next_deployment_and_balancing(make_gateway, fake):
