@@ -95,6 +95,11 @@ def as_promql(expr: str) -> str:
     return _LABEL_VAR.sub(".*", _INTERVAL_VAR.sub("1m", expr))
 
 
+def text(node: Any) -> str:
+    """The parser's rendering of a node, without the empty ``{}`` it adds to bare names."""
+    return re.sub(r"([\w:])\{\}", r"\1", str(node))
+
+
 def _children(node: Any) -> list[Any]:
     if isinstance(node, pp.BinaryExpr):
         return [node.lhs, node.rhs]
@@ -136,11 +141,11 @@ def label_checks(node: Any) -> list[tuple[str, str]]:
                     out.append((m.name, n.name))
         elif isinstance(n, pp.AggregateExpr) and n.modifier is not None \
                 and str(n.modifier.type).endswith("By"):
-            out += [(label, str(n.expr)) for label in n.modifier.labels]
+            out += [(label, text(n.expr)) for label in n.modifier.labels]
         elif isinstance(n, pp.BinaryExpr) and n.modifier is not None \
                 and n.modifier.matching is not None \
                 and str(n.modifier.matching.type).endswith("On"):
-            out += [(label, str(side)) for label in n.modifier.matching.labels
+            out += [(label, text(side)) for label in n.modifier.matching.labels
                     for side in (n.lhs, n.rhs) if not isinstance(side, pp.NumberLiteral)]
     return out
 
@@ -159,9 +164,9 @@ def check(expr: str, query: Query, no_data_ok: set[str] = frozenset()) -> list[s
         return [f"{promql!r} does not evaluate: {e}"]
     problems = []
     for part in data_parts(tree):
-        text = str(part)
-        if text not in no_data_ok and not _finite(query(text)):
-            problems.append(f"{text!r} (in {promql!r}) returned no series with a finite value")
+        sub = text(part)
+        if sub not in no_data_ok and not _finite(query(sub)):
+            problems.append(f"{sub!r} (in {promql!r}) returned no series with a finite value")
     for label, sub in label_checks(tree):
         rows = query(f"count by ({label}) ({sub})")
         if not any(label in r["metric"] for r in rows) and sub not in no_data_ok:
