@@ -109,12 +109,12 @@ def _load(gateway: str, streams: int, plain: int) -> None:
     client = openai.OpenAI(base_url=gateway + "/v1", api_key=KEY, max_retries=0, timeout=120)
     msgs = [{"role": "user", "content": "Name three colours."}]
     for _ in range(streams):
-        stream = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8,
+        stream = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4,
                                                 stream=True,
                                                 stream_options={"include_usage": True})
         assert any(c.usage for c in stream)
     for _ in range(plain):
-        r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8)
+        r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4)
         assert r.usage.completion_tokens > 1
     with pytest.raises(openai.APIStatusError) as err:
         client.chat.completions.create(model=BROKEN, messages=msgs, max_tokens=8)
@@ -155,11 +155,11 @@ def stack(tmp_path_factory) -> Iterator[dict]:
               60, procs[-1])
         # A first round creates every labelled series; the counters then have to be scraped
         # once before the main round, or rate() sees no increase.
-        _load(gateway, streams=1, plain=1)
+        _load(gateway, streams=1, plain=0)
         _wait("first scrape of the gateway's requests",
               lambda: prom.query('gateway_requests_total{code=~"5.."}'), 30)
         time.sleep(2 * SCRAPE_S)
-        _load(gateway, streams=4, plain=2)
+        _load(gateway, streams=2, plain=1)
         # Both targets scraped after the load, and the rules evaluated on those scrapes.
         _wait("recording rules on the loaded data",
               lambda: prom.has_finite("model:gateway_tpot_seconds:p99_rate1m")
