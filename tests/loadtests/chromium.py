@@ -13,7 +13,9 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -156,15 +158,23 @@ def open_page(url: str, probe: str = "document.title", screenshot: bool = False,
               timeout_s: float = 60.0) -> PageResult:
     """Load `url` in a fresh headless Chromium and run `probe` (an expression; a promise is
     awaited) once the page's load event fired."""
-    with tempfile.TemporaryDirectory(prefix="chromium-") as tmp:
+    # The profile may still be written to while the helper processes exit: cleanup errors of
+    # the temp dir are not the page's errors.
+    with tempfile.TemporaryDirectory(prefix="chromium-", ignore_cleanup_errors=True) as tmp:
         profile = Path(tmp)
+        # Its own process group: the renderer, GPU and zygote helpers go down with it.
         proc = subprocess.Popen([binary(), *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
         try:
             port = _devtools_port(profile, proc, timeout_s)
             return asyncio.run(_drive(port, url, probe, screenshot, timeout_s))
         finally:
             stop_process(proc, grace_s=5)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # every helper had already exited
+                pass
 
 
 def main(argv: list[str] | None = None) -> int:
