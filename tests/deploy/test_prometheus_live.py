@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -61,6 +62,7 @@ def _wait(what: str, ok, timeout_s: float, proc: subprocess.Popen | None = None)
 class Prometheus:
     def __init__(self, url: str) -> None:
         self.url = url
+        self.at: float | None = None  # evaluation time of every query (None: now)
 
     def api(self, path: str, **params: str) -> dict:
         qs = "?" + urllib.parse.urlencode(params) if params else ""
@@ -70,7 +72,8 @@ class Prometheus:
 
     def query(self, promql: str) -> list[dict]:
         try:
-            return self.api("query", query=promql)["result"]
+            at = {} if self.at is None else {"time": f"{self.at:.3f}"}
+            return self.api("query", query=promql, **at)["result"]
         except urllib.error.HTTPError as e:  # 400/422: a parse or an evaluation error
             raise AssertionError(e.read().decode(errors="replace")) from None
 
@@ -165,6 +168,9 @@ def stack(tmp_path_factory) -> Iterator[dict]:
               lambda: prom.has_finite("model:gateway_tpot_seconds:p99_rate1m")
               and prom.has_finite("model:gateway_ttft_slo:burn_rate5m"), 30)
         time.sleep(3 * SCRAPE_S)
+        # Every check looks at this moment, so the 1-minute windows still hold the load
+        # however long the tests after it take.
+        prom.at = time.time()
         yield {"prom": prom, "gateway": gateway, "backend": backend, "dir": tmp}
     finally:
         for p in reversed(procs):
