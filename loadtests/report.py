@@ -5,8 +5,10 @@ docs/LOADTESTS.md for their fields.
 """
 from __future__ import annotations
 
+import argparse
 import base64
 import html
+import json
 import math
 import os
 from typing import Any
@@ -166,3 +168,28 @@ samples is marked. Files: results.csv, results.json, records under steps/.</p>
     with open(path, "w", encoding="utf-8") as f:
         f.write(doc)
     return path
+
+
+def render_results(results_path: str, out_dir: str) -> str:
+    """Charts and report.html again from a sweep's results.json (e.g. one kept under docs/);
+    returns the report's path."""
+    with open(results_path, encoding="utf-8") as f:
+        data = json.load(f)
+    meta, rows = data["meta"], data["rows"]
+    os.makedirs(out_dir, exist_ok=True)
+    charts = write_charts(rows, out_dir, meta.get("settings", {}).get("ttft_slo_ms"))
+    return write_html(meta, rows, charts, os.path.join(out_dir, "report.html"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Render a sweep's charts and report.html from its "
+                                            "results.json.")
+    p.add_argument("results", help="results.json written by python -m loadtests.sweep")
+    p.add_argument("--out", required=True, help="output directory")
+    a = p.parse_args(argv)
+    print(render_results(a.results, a.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

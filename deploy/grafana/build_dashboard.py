@@ -36,6 +36,11 @@ def quantiles(metric: str, by: str, sel: str = "", qs: tuple[float, ...] = (0.5,
     return out
 
 
+def recorded(metric: str) -> list[dict]:
+    """p50/p99 per model from the recording rules (deploy/prometheus/recording.yml)."""
+    return [q(f"model:{metric}:p{p}_rate1m{SEL}", f"{{{{model}}}} p{p}") for p in (50, 99)]
+
+
 def panel(title: str, targets: list[dict], unit: str, x: int, y: int, w: int = 12,
           h: int = 8, desc: str = "") -> dict:
     return {"type": "timeseries", "title": title, "description": desc, "datasource": DS,
@@ -55,10 +60,12 @@ def panels() -> list[dict]:
     g = "model"
     return [
         row("Latency seen by clients (gateway, per model)", 0),
-        panel("TTFT p50 / p99", quantiles("gateway_ttft_seconds", g, SEL), "s", 0, 1,
-              desc="Receipt to the first content-bearing delta (role-only chunks don't count)."),
-        panel("TPOT p50 / p99", quantiles("gateway_tpot_seconds", g, SEL), "s", 12, 1,
-              desc="(last token - first token) / (completion_tokens - 1), from usage."),
+        panel("TTFT p50 / p99", recorded("gateway_ttft_seconds"), "s", 0, 1,
+              desc="Receipt to the first content-bearing delta (role-only chunks don't count). "
+                   "Recording rules, 1-minute windows."),
+        panel("TPOT p50 / p99", recorded("gateway_tpot_seconds"), "s", 12, 1,
+              desc="(last token - first token) / (completion_tokens - 1), from usage. "
+                   "Recording rules, 1-minute windows."),
         panel("E2E p50 / p99", quantiles("gateway_e2e_seconds", g, SEL), "s", 0, 9),
         panel("Gateway overhead and upstream TTFB",
               quantiles("gateway_overhead_seconds", g, SEL, what="overhead")
@@ -108,6 +115,13 @@ def panels() -> list[dict]:
                q("sum(backend_requests_waiting)", "waiting"),
                q(f"sum(rate(backend_preemptions_total{RI}))", "preemptions/s")],
               "short", 16, 42, w=8),
+        row("TTFT SLO (99% of requests within 1 s)", 50),
+        panel("TTFT SLO burn rate",
+              [q(f"model:gateway_ttft_slo:burn_rate{w}{SEL}", "{{model}} " + w)
+               for w in ("5m", "1h", "6h")], "short", 0, 51, w=24,
+              desc="Share of requests over 1 s divided by the 1% error budget (recording "
+                   "rules). 1 = the budget lasts exactly the SLO period; the TTFTSLOBurn "
+                   "alert pages at 14.4 over 1 h (and 5 min) or 6 over 6 h (and 30 min)."),
     ]
 
 
