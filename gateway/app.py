@@ -18,6 +18,7 @@ from gateway.auth import KeyStore, digest, presented_key
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, Unauthorized, status_error
 from gateway.httpclient import Pool
+from gateway.limits import Limiter
 from gateway.metrics import Metrics
 from gateway.proxy import CHAT, COMPLETIONS, proxy
 from gateway.record import RequestLog
@@ -81,6 +82,13 @@ async def request_log_ctx(app: web.Application) -> AsyncIterator[None]:
     app[state.REQUEST_LOG] = writer
     yield
     await writer.close()
+
+
+async def limits_ctx(app: web.Application) -> AsyncIterator[None]:
+    limiter = Limiter(app[state.CONFIG], app[state.METRICS].registry)
+    app[state.LIMITER] = limiter
+    yield
+    await limiter.close()
 
 
 async def _mark_shutting_down(app: web.Application) -> None:
@@ -153,7 +161,7 @@ def create_app(config: GatewayConfig, env: Mapping[str, str] | None = None) -> w
     app[state.ROUTER] = Router(config, env)
     app[state.LIFECYCLE] = state.Lifecycle()
     app[state.METRICS_TOKEN] = _metrics_token(config, env)
-    app.cleanup_ctx.extend([metrics_ctx, pool_ctx, request_log_ctx])
+    app.cleanup_ctx.extend([metrics_ctx, pool_ctx, request_log_ctx, limits_ctx])
     app.on_shutdown.append(_mark_shutting_down)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)

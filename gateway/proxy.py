@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway import state
 from gateway.auth import presented_key, require_model
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge
+from gateway.limits import Ticket
 from gateway.metrics import NO_PROVIDER, UNKNOWN, Series
 from gateway.record import RequestRecord
 from gateway.relay import relay
@@ -75,6 +76,7 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
     labels = [UNKNOWN, NO_PROVIDER]
     series: Series | None = None
     opened: Opened | None = None
+    ticket: Ticket | None = None
     try:
         key = app[state.KEYS].check(presented_key(request))
         rec.key_name = key.name
@@ -83,6 +85,7 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         router = app[state.ROUTER]
         route = router.resolve(rec.model)
         require_model(key, rec.model)
+        ticket = await app[state.LIMITER].admit(key.name)
         order = router.order(route)
         labels = [route.label, order[0].provider.name]
         series = app[state.METRICS].series(*labels)
@@ -116,6 +119,9 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         if series is not None:
             series.in_flight.dec()
         _finish(app, rec, labels[0], labels[1])
+        if ticket is not None:
+            app[state.LIMITER].release(ticket, (rec.prompt_tokens or 0) +
+                                       (rec.completion_tokens or 0))
 
 
 def _finish(app: web.Application, rec: RequestRecord, model: str, provider: str) -> None:

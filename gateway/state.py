@@ -8,6 +8,7 @@ from aiohttp import web
 from gateway.auth import KeyStore
 from gateway.config import GatewayConfig
 from gateway.httpclient import Pool
+from gateway.limits import Limiter
 from gateway.metrics import Metrics
 from gateway.record import RequestLog
 from gateway.router import Router
@@ -26,6 +27,7 @@ METRICS_TOKEN = web.AppKey("metrics_token", bytes)      # sha256 digest; b"" = o
 METRICS = web.AppKey("metrics", Metrics)                # cleanup_ctx: metrics_ctx
 POOL = web.AppKey("upstream_pool", Pool)                # cleanup_ctx: pool_ctx
 REQUEST_LOG = web.AppKey("request_log", RequestLog)     # cleanup_ctx: request_log_ctx
+LIMITER = web.AppKey("limiter", Limiter)                # cleanup_ctx: limits_ctx
 
 REQUEST_ID = web.RequestKey("request_id", str)
 T0 = web.RequestKey("t0_ns", int)                       # perf_counter_ns at receipt
