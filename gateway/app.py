@@ -23,6 +23,7 @@ from gateway.metrics import Metrics
 from gateway.proxy import CHAT, COMPLETIONS, proxy
 from gateway.record import RequestLog
 from gateway.router import Router
+from gateway.routing import RoutingMetrics
 
 log = logging.getLogger("gateway")
 _RID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -89,6 +90,11 @@ async def limits_ctx(app: web.Application) -> AsyncIterator[None]:
     app[state.LIMITER] = limiter
     yield
     await limiter.close()
+
+
+async def routing_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[state.ROUTER].attach_metrics(RoutingMetrics(app[state.METRICS].registry))
+    yield
 
 
 async def _mark_shutting_down(app: web.Application) -> None:
@@ -161,7 +167,7 @@ def create_app(config: GatewayConfig, env: Mapping[str, str] | None = None) -> w
     app[state.ROUTER] = Router(config, env)
     app[state.LIFECYCLE] = state.Lifecycle()
     app[state.METRICS_TOKEN] = _metrics_token(config, env)
-    app.cleanup_ctx.extend([metrics_ctx, pool_ctx, request_log_ctx, limits_ctx])
+    app.cleanup_ctx.extend([metrics_ctx, pool_ctx, request_log_ctx, limits_ctx, routing_ctx])
     app.on_shutdown.append(_mark_shutting_down)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)

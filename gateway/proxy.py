@@ -86,7 +86,8 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         route = router.resolve(rec.model)
         require_model(key, rec.model)
         ticket = await app[state.LIMITER].admit(key.name)
-        order = router.order(route)
+        decision = router.decide(route)
+        order = decision.order
         labels = [route.label, order[0].provider.name]
         series = app[state.METRICS].series(*labels)
         series.in_flight.inc()
@@ -95,6 +96,7 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         opened = await open_upstream(app[state.POOL], order, endpoint, body, headers, rec,
                                      series, app[state.CONFIG].retry)
         labels[1] = opened.deployment.provider.name
+        router.opened(route, decision, opened.deployment, rec)
         series_used = app[state.METRICS].series(*labels)
         resp = await relay(request, opened, rec, series_used, strip_usage)
         if rec.t_end_ns is None:
@@ -111,6 +113,7 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         raise
     finally:
         if opened is not None:
+            app[state.ROUTER].finished(opened.deployment, rec)
             opened.deployment.in_flight -= 1
             if rec.status == 200:
                 opened.response.release()

@@ -19,6 +19,7 @@ LOG_FIELDS = (
     "status", "error", "t_received", "ttft_s", "tpot_s", "e2e_s", "overhead_s",
     "overhead_ttft_s", "upstream_ttfb_s", "itl_mean_s", "itl_max_s", "content_chunks",
     "prompt_tokens", "completion_tokens", "tokens_estimated", "retries", "finish_reason",
+    "deployment", "route_reason",
 )
 
 
@@ -56,6 +57,11 @@ class RequestRecord:
     content_chunks: int = 0
     itl_sum_ns: int = 0
     itl_max_ns: int = 0
+    # routing (routing.py): "<provider>/<model>" that served, why it was chosen, and how many
+    # other requests it had in flight then
+    deployment: str | None = None
+    route_reason: str | None = None
+    route_level: int = 0
 
     def content(self, t_read_ns: int, t_written_ns: int) -> int | None:
         """Note a content chunk written at t_written; returns the ITL gap in ns (or None)."""
@@ -116,7 +122,8 @@ class RequestRecord:
             "content_chunks": self.content_chunks, "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "tokens_estimated": self.tokens_estimated, "retries": self.retries,
-            "finish_reason": self.finish_reason,
+            "finish_reason": self.finish_reason, "deployment": self.deployment,
+            "route_reason": self.route_reason,
         }
 
 

@@ -170,6 +170,7 @@ async def open_upstream(pool: Pool, order: list[Deployment], endpoint: str,
             return await _attempt(pool, dep, endpoint, payload, headers, rec)
         except _Retryable as exc:
             dep.in_flight -= 1
+            dep.failed(exc.error)  # outlier ejection (routing.py)
             series.errors.inc()
             last = exc
         except BaseException as exc:
