@@ -138,7 +138,7 @@ async def metrics(request: web.Request) -> web.Response:
         presented = presented_key(request) or ""
         if not hmac.compare_digest(digest(presented), token):
             raise Unauthorized("Invalid or missing metrics bearer token.")
-    body = generate_latest(request.app[state.METRICS].registry)
+    body = generate_latest(request.app[state.METRICS].exposition)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -179,8 +179,10 @@ def create_app(config: GatewayConfig, env: Mapping[str, str] | None = None) -> w
 
 
 async def start_server(app: web.Application, host: str = "127.0.0.1", port: int = 0,
-                       shutdown_timeout: float | None = None) -> tuple[web.AppRunner, str]:
-    """Serve ``app`` on host:port (0 = any free port); returns the runner and base URL."""
+                       shutdown_timeout: float | None = None,
+                       reuse_port: bool = False) -> tuple[web.AppRunner, str]:
+    """Serve ``app`` on host:port (0 = any free port); returns the runner and base URL.
+    ``reuse_port``: share the port with the other workers (SO_REUSEPORT, workers.py)."""
     grace = app[state.CONFIG].shutdown_grace_seconds if shutdown_timeout is None \
         else shutdown_timeout
     # handler_cancellation: a client that disconnects cancels its handler at once, which
@@ -188,7 +190,7 @@ async def start_server(app: web.Application, host: str = "127.0.0.1", port: int 
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=grace)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=4096)
+    site = web.TCPSite(runner, host, port, backlog=4096, reuse_port=reuse_port or None)
     await site.start()
     bound = runner.addresses[0][1]
     return runner, f"http://{host}:{bound}"

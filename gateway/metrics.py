@@ -6,9 +6,11 @@ strings therefore never create series.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # 1 ms .. 60 s, dense at the low end where gateway and cache-hit latencies live.
 LATENCY_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
@@ -16,6 +18,7 @@ LATENCY_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0
                    20.0, 30.0, 45.0, 60.0)
 # The gateway's own overhead is usually well under 1 ms: finer buckets below.
 OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005) + LATENCY_BUCKETS
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN = "(unknown)"
 NO_PROVIDER = "(none)"
 
@@ -63,13 +66,20 @@ class Metrics:
         self.completion_tokens = Counter("gateway_completion_tokens",
                                          "Completion tokens (usage, else counted chunks).",
                                          labels, registry=r)
+        # livesum: with workers (workers.py) /metrics sums the live processes' values
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests being served now.",
-                               labels, registry=r)
+                               labels, registry=r, multiprocess_mode="livesum")
         self.retries = Counter("gateway_upstream_retries", "Upstream attempts after the first.",
                                labels, registry=r)
         self.errors = Counter("gateway_upstream_errors",
                               "Failed upstream attempts and broken streams.", labels, registry=r)
         self._series: dict[tuple[str, str], Series] = {}
+        # What /metrics shows: this registry, or with workers every worker's values
+        # (prometheus-client's multiprocess mode: workers.py sets PROMETHEUS_MULTIPROC_DIR).
+        self.exposition = self.registry
+        if os.environ.get(MULTIPROC_ENV):
+            self.exposition = CollectorRegistry()
+            MultiProcessCollector(self.exposition)
 
     def series(self, model: str, provider: str) -> Series:
         key = (model, provider)

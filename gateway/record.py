@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import io
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+
+from gateway.appendlog import AppendFile
 
 LOG_FIELDS = (
     "request_id", "key_name", "model", "provider", "upstream_model", "endpoint", "stream",
@@ -135,8 +136,8 @@ class RequestLog:
     """
 
     def __init__(self, jsonl: str | None, csv_path: str | None, flush_s: float = 1.0) -> None:
-        self._jsonl: TextIO | None = self._open(jsonl)
-        self._csv_file: TextIO | None = None
+        self._jsonl: AppendFile | None = self._open(jsonl)
+        self._csv_file: AppendFile | None = None
         self._csv: Any = None
         if csv_path:
             new = not Path(csv_path).exists() or Path(csv_path).stat().st_size == 0
@@ -148,11 +149,12 @@ class RequestLog:
         self._task: asyncio.Task | None = None
 
     @staticmethod
-    def _open(path: str | None) -> TextIO | None:
+    def _open(path: str | None) -> AppendFile | None:
+        """Whole lines per write(2), so gateway workers can share one file (appendlog.py)."""
         if not path:
             return None
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return open(path, "a", encoding="utf-8", buffering=io.DEFAULT_BUFFER_SIZE * 16)
+        return AppendFile(path)
 
     def write(self, row: dict[str, Any]) -> None:
         if self._jsonl is not None:

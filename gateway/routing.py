@@ -230,7 +230,7 @@ class RoutingMetrics:
                                  registry=registry)
         self.ejected = Gauge("gateway_deployment_ejected", "1 while a deployment is ejected "
                              "for consecutive failures.", ("model", "deployment"),
-                             registry=registry, multiprocess_mode="max")
+                             registry=registry, multiprocess_mode="livemax")
         self._children: dict[tuple[str, str, str], Any] = {}
 
     def decided(self, model: str, deployment: str, reason: str) -> None:
