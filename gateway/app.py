@@ -17,13 +17,13 @@ from gateway import state
 from gateway.auth import KeyStore, digest, presented_key
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, Unauthorized, status_error
-from gateway.httpclient import Pool
 from gateway.limits import Limiter
 from gateway.metrics import Metrics
 from gateway.proxy import CHAT, COMPLETIONS, proxy
 from gateway.record import RequestLog
 from gateway.router import Router
 from gateway.routing import RoutingMetrics
+from gateway.transport import Transports
 
 log = logging.getLogger("gateway")
 _RID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -70,7 +70,8 @@ async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
     # Upstream connections (gateway/httpclient.py): no limit, since clients bound concurrency
     # and a limit would queue silently and show up as upstream latency; no cookies, so an
     # upstream's Set-Cookie never rides along on other clients' requests.
-    pool = Pool(keepalive_seconds=30)
+    # transport.py picks the client per provider (httpclient.py's, or aiohttp's for proxies).
+    pool = Transports(app[state.ROUTER].providers.values(), keepalive_seconds=30)
     app[state.POOL] = pool
     yield
     await pool.close()
