@@ -87,14 +87,14 @@ async def request_log_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def limits_ctx(app: web.Application) -> AsyncIterator[None]:
-    limiter = Limiter(app[state.CONFIG], app[state.METRICS].registry)
+    limiter = Limiter(app[state.CONFIG], app[state.METRICS])
     app[state.LIMITER] = limiter
     yield
     await limiter.close()
 
 
 async def routing_ctx(app: web.Application) -> AsyncIterator[None]:
-    app[state.ROUTER].attach_metrics(RoutingMetrics(app[state.METRICS].registry))
+    app[state.ROUTER].attach_metrics(RoutingMetrics(app[state.METRICS]))
     yield
 
 

@@ -22,11 +22,11 @@ import uuid
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import RedisError
 
 from gateway.config import GatewayConfig, KeyConfig
 from gateway.errors import GatewayError
+from gateway.metrics import Metrics
 
 log = logging.getLogger("gateway.limits")
 STORE_RETRY_SECONDS = 1.0   # after a Redis failure, local counters decide for this long
@@ -158,7 +158,7 @@ class RedisCounters:
 class Limiter:
     """Admits or refuses requests of keys that have limits; keys without any pass untouched."""
 
-    def __init__(self, config: GatewayConfig, registry: CollectorRegistry) -> None:
+    def __init__(self, config: GatewayConfig, metrics: Metrics) -> None:
         self.limits: dict[str, KeyConfig] = {
             k.name: k for k in config.keys if k.rpm or k.tpm or k.max_concurrent}
         self.window_s = config.limits.window_seconds
@@ -171,11 +171,8 @@ class Limiter:
                       if config.limits.store else None)
         self._store_down_until = 0.0
         self._releasing: set[asyncio.Task] = set()
-        self.refused = Counter("gateway_rate_limited", "Requests refused by a client key's "
-                               "own limits.", ("key", "reason"), registry=registry)
-        self.store_errors = Counter("gateway_limits_store_errors", "Failed calls to the shared "
-                                    "limits store (local counters decided instead).",
-                                    registry=registry)
+        self.refused = metrics.rate_limited
+        self.store_errors = metrics.limits_store_errors
 
     def limited(self, name: str) -> bool:
         return name in self.limits

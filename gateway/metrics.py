@@ -73,6 +73,20 @@ class Metrics:
                                labels, registry=r)
         self.errors = Counter("gateway_upstream_errors",
                               "Failed upstream attempts and broken streams.", labels, registry=r)
+        # Operators' view: routing decisions and ejections (routing.py), key limits (limits.py).
+        # deployment is "<provider>/<model>" from the config; key is a configured key name.
+        self.route_decisions = Counter("gateway_route_decisions", "Requests sent to a "
+                                       "deployment, by why it was chosen.",
+                                       ("model", "deployment", "reason"), registry=r)
+        self.deployment_ejected = Gauge("gateway_deployment_ejected", "1 while a deployment "
+                                        "is ejected for consecutive failures.",
+                                        ("model", "deployment"), registry=r,
+                                        multiprocess_mode="livemax")
+        self.rate_limited = Counter("gateway_rate_limited", "Requests refused by a client "
+                                    "key's own limits.", ("key", "reason"), registry=r)
+        self.limits_store_errors = Counter("gateway_limits_store_errors", "Failed calls to the "
+                                           "shared limits store (local counters decided).",
+                                           registry=r)
         self._series: dict[tuple[str, str], Series] = {}
         # What /metrics shows: this registry, or with workers every worker's values
         # (prometheus-client's multiprocess mode: workers.py sets PROMETHEUS_MULTIPROC_DIR).

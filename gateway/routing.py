@@ -36,10 +36,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
 from gateway.config import EjectionConfig
 from gateway.errors import GatewayError, RateLimited
+from gateway.metrics import Metrics
 
 log = logging.getLogger("gateway.routing")
 SAMPLES_PER_LEVEL = 32
@@ -221,16 +220,12 @@ def _ttft_score(dep: RoutedDeployment, now: float) -> float:
 
 
 class RoutingMetrics:
-    """``gateway_route_decisions_total{model,deployment,reason}`` and
-    ``gateway_deployment_ejected{model,deployment}`` (1 while ejected)."""
+    """Counts decisions into ``gateway_route_decisions_total`` and shows ejections in
+    ``gateway_deployment_ejected`` (both defined in metrics.py)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.decisions = Counter("gateway_route_decisions", "Requests sent to a deployment, "
-                                 "by why it was chosen.", ("model", "deployment", "reason"),
-                                 registry=registry)
-        self.ejected = Gauge("gateway_deployment_ejected", "1 while a deployment is ejected "
-                             "for consecutive failures.", ("model", "deployment"),
-                             registry=registry, multiprocess_mode="livemax")
+    def __init__(self, metrics: Metrics) -> None:
+        self.decisions = metrics.route_decisions
+        self.ejected = metrics.deployment_ejected
         self._children: dict[tuple[str, str, str], Any] = {}
 
     def decided(self, model: str, deployment: str, reason: str) -> None:
