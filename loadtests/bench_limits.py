@@ -7,7 +7,8 @@ real Redis (``limits.store``); count what each key got admitted against its ``rp
 To finish in seconds, the limit is counted per ``--window-s`` (default 86,400 s, so the whole
 run falls in one window; the key prefix of a fresh Redis starts at zero) instead of a minute:
 ``rpm`` is then "requests per window" and the exact answer is ``min(rpm, requests sent)``.
-Every request is a short non-stream completion from the fake upstream; the client sends
+The same load then runs without a store (each worker counts alone: the peer). Every request
+is a short non-stream completion from the fake upstream; the client sends
 ``--concurrency`` at a time, keys taking turns, each on a new connection now and then so the
 kernel spreads them over the workers. Machine: a 2-core VM, shared.
 """
@@ -69,8 +70,35 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=64)
     a = p.parse_args(argv)
     keys = [f"sk-bench-limits-{i}" for i in range(a.keys)]
+    runs = {}
+    with RedisServer() as redis:
+        for store in ("redis", "per-worker"):  # the second: the same load without a store
+            counts, wall = _run(a, keys, redis.url if store == "redis" else None)
+            runs[store] = {"wall_s": wall, "per_key": _per_key(a, keys, counts)}
+            for row in runs[store]["per_key"]:
+                print(f"[{store}] {row['key']}: sent {row['sent']}, admitted {row['admitted']} "
+                      f"(limit {row['expected']}, {row['error_pct']:+}%), 429 "
+                      f"{row['refused_429']}, other {row['other']}")
+    doc = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "machine": "2-core x86-64 CPU VM, shared", "command": " ".join(sys.argv),
+                    "workers": a.workers, "requests": a.requests, "rpm": a.rpm,
+                    "window_s": a.window_s, "concurrency": a.concurrency,
+                    "loadavg": os.getloadavg()},
+           "runs": runs}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "limits-redis.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out / 'limits-redis.json'}")
+
+
+def _run(a: argparse.Namespace, keys: list[str],
+         store: str | None) -> tuple[dict[str, dict[int, int]], float]:
+    """One gateway (``a.workers`` workers) over a fresh fake; returns (counts, wall s)."""
     env = {f"BENCH_LIMIT_KEY_{i}": k for i, k in enumerate(keys)}
-    with RedisServer() as redis, tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp:
+    limits: dict[str, Any] = {"window_seconds": a.window_s}
+    if store:
+        limits["store"] = store
+    with tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp:
         fake, up = _spawn([sys.executable, "-m", "loadtests.fake_upstream", "--port", "0",
                            "--ttft-ms", "0", "--itl-ms", "0", "--tokens", "1"])
         cfg = Path(tmp) / "gateway.yaml"
@@ -78,40 +106,31 @@ def main(argv: list[str] | None = None) -> None:
             "keys": [{"name": f"key{i}", "env": f"BENCH_LIMIT_KEY_{i}", "rpm": a.rpm}
                      for i in range(a.keys)],
             "providers": {"fake": {"base_url": up + "/v1", "max_retries": 0}},
-            "models": {"m": {"provider": "fake", "model": "m"}},
-            "limits": {"store": redis.url, "window_seconds": a.window_s}}))
+            "models": {"m": {"provider": "fake", "model": "m"}}, "limits": limits}))
         gw, url = _spawn([sys.executable, "-m", "gateway", "--config", str(cfg), "--port", "0",
-                          "--workers", str(a.workers), "--log-level", "WARNING"], env)
+                          "--workers", str(a.workers), "--log-level", "ERROR"], env)
         try:
             result = asyncio.run(_load(url, keys, a.requests, a.concurrency))
         finally:
             stop_process(gw)
             stop_process(fake)
+    return result["counts"], result["wall_s"]
+
+
+def _per_key(a: argparse.Namespace, keys: list[str],
+             counts: dict[str, dict[int, int]]) -> list[dict[str, Any]]:
     per_key = []
     for i, k in enumerate(keys):
-        c = result["counts"][k]
+        c = counts[k]
         sent = sum(c.values())
         admitted = c.get(200, 0)
         expected = min(a.rpm, sent)
         per_key.append({"key": f"key{i}", "sent": sent, "admitted": admitted,
-                        "refused_429": c.get(429, 0), "other": {s: n for s, n in c.items()
-                                                                 if s not in (200, 429)},
+                        "refused_429": c.get(429, 0),
+                        "other": {str(s): n for s, n in c.items() if s not in (200, 429)},
                         "expected": expected,
                         "error_pct": round(100 * (admitted - expected) / expected, 3)})
-    doc = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "machine": "2-core x86-64 CPU VM, shared", "command": " ".join(sys.argv),
-                    "workers": a.workers, "requests": a.requests, "rpm": a.rpm,
-                    "window_s": a.window_s, "concurrency": a.concurrency,
-                    "loadavg": os.getloadavg()},
-           "wall_s": result["wall_s"], "per_key": per_key}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "limits-redis.json").write_text(json.dumps(doc, indent=1) + "\n")
-    for row in per_key:
-        print(f"{row['key']}: sent {row['sent']}, admitted {row['admitted']} (limit "
-              f"{row['expected']}, {row['error_pct']:+}%), 429 {row['refused_429']}, "
-              f"other {row['other']}")
-    print(f"wall {result['wall_s']} s; wrote {out / 'limits-redis.json'}")
+    return per_key
 
 
 if __name__ == "__main__":
