@@ -12,6 +12,9 @@ sub-command: one uvloop + aiohttp process, closed loop of N concurrent streams).
   with non-empty content; E2E = request start to end of body. Added latency = target - direct.
 * ``rss_open``: RSS of the gateway process while 1,000 streams are open at once.
 * ``growth``: RSS of the gateway every 10,000 requests over 100,000 short streams.
+* ``workers`` (not in the default set): the gateway with 1 and with 2 worker processes
+  (``--workers-compare``) in one run: relayed content events/s at full speed, and added TTFT
+  at each ``--concurrency`` against direct. ``--workers N`` runs the latency phase with N.
 
 Raw samples' percentiles (with counts) and settings go to ``<out>/gateway-<phase>.json``; a run
 with ``--tag T`` (a repeat) appends one line ``{"run": T, ...}`` to
@@ -91,8 +94,8 @@ def _client(url: str, model: str, c: int, n: int, warmup: int,
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _gateway(upstream: str, tmp: Path,
-             cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
+def _gateway(upstream: str, tmp: Path, cpus: set[int] | None = None,
+             workers: int = 1) -> tuple[subprocess.Popen, str]:
     cfg = {"keys": [{"name": "bench", "env": "BENCH_GATEWAY_KEY"}],
            "providers": {"fake": {"base_url": upstream + "/v1", "max_retries": 0}},
            "models": {"timed": {"provider": "fake", "model": "timed"}},
@@ -100,7 +103,8 @@ def _gateway(upstream: str, tmp: Path,
     path = tmp / "gateway.yaml"
     path.write_text(json.dumps(cfg))
     return _spawn([sys.executable, "-m", "gateway", "--config", str(path), "--port", "0",
-                   "--log-level", "WARNING"], {"BENCH_GATEWAY_KEY": KEY}, cpus)
+                   "--log-level", "WARNING", "--workers", str(workers)],
+                  {"BENCH_GATEWAY_KEY": KEY}, cpus)
 
 
 def _litellm(binary: str, upstream: str, tmp: Path, port: int,
@@ -150,7 +154,7 @@ def phase_latency(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     # CPU 0 (so they never compete with the proxy, as on a machine with a core to spare).
     env_cpus, proxy_cpus = ({0}, {1}) if a.pin else (None, None)
     fake, up = _fake(a, a.ttft_ms, a.itl_ms, env_cpus)
-    gw, gw_url = _gateway(up, tmp, proxy_cpus)
+    gw, gw_url = _gateway(up, tmp, proxy_cpus, a.workers)
     procs = {"direct": fake, "gateway": gw}
     urls = {"direct": up, "gateway": gw_url}
     if a.litellm:
@@ -219,6 +223,66 @@ def _added(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row[f"added_{metric}_{q}"] = None if a is None or b is None else round(a - b, 3)
         out.append(row)
     return out
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its children (a gateway's supervisor and workers)."""
+    import psutil
+    proc = psutil.Process(pid)
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def phase_workers(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """1 vs 2 gateway workers in one run: relayed content events/s at full speed (TTFT 0,
+    ITL 0, 64 tokens, ``--workers-throughput-c`` streams), then client-observed TTFT at each
+    ``--concurrency`` through each gateway and direct (added TTFT = gateway - direct)."""
+    counts = [int(x) for x in a.workers_compare.split(",")]
+    throughput, runs = [], []
+    fast, fast_up = _fake(a, 0, 0)
+    try:
+        for w in counts:
+            gw, url = _gateway(fast_up, tmp, workers=w)
+            try:
+                _client(url + "/v1/chat/completions", "timed", 50, 200, 0)  # warm up
+                cpu0 = _tree_cpu_s(gw.pid)
+                r = _client(url + "/v1/chat/completions", "timed", a.workers_throughput_c,
+                            a.workers_throughput_n, 0)
+                r.update(workers=w, content_events_per_s=round(r["req_per_s"] * 64),
+                         gateway_cpu_s=round(_tree_cpu_s(gw.pid) - cpu0, 2))
+                throughput.append(r)
+                print(f"[workers] {w} worker(s): {r['content_events_per_s']} content events/s "
+                      f"({r['req_per_s']} streams/s), gateway CPU {r['gateway_cpu_s']} s, "
+                      f"errors {r['errors']}", flush=True)
+            finally:
+                stop_process(gw)
+    finally:
+        stop_process(fast)
+    fake, up = _fake(a, a.ttft_ms, a.itl_ms)
+    gateways = {w: _gateway(up, tmp, workers=w) for w in counts}
+    try:
+        for c in [int(x) for x in a.concurrency.split(",")]:
+            n = max(c * a.rounds, a.min_requests)
+            targets = [("direct", up)] + [(f"gateway-{w}w", g[1]) for w, g in gateways.items()]
+            for name, base in targets:
+                r = _client(base + "/v1/chat/completions", "timed", c, n, max(c, 20),
+                            spread_s=(a.ttft_ms + 63 * a.itl_ms) / 1000)
+                r.update(target=name, loadavg=os.getloadavg())
+                runs.append(r)
+                print(f"[workers] c={c} {name}: ttft p50 {r['ttft']['p50_ms']} p99 "
+                      f"{r['ttft']['p99_ms']} ms (n={r['ttft']['n']}), errors {r['errors']}",
+                      flush=True)
+    finally:
+        for proc, _ in gateways.values():
+            stop_process(proc)
+        stop_process(fake)
+    return {"throughput": throughput, "runs": runs, "added": _added(runs)}
 
 
 def _metric(url: str, name: str) -> float:
@@ -295,7 +359,8 @@ def run_main(a: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if a.samples_dir:
         Path(a.samples_dir).mkdir(parents=True, exist_ok=True)
-    phases = {"latency": phase_latency, "rss_open": phase_rss_open, "growth": phase_growth}
+    phases = {"latency": phase_latency, "rss_open": phase_rss_open, "growth": phase_growth,
+              "workers": phase_workers}
     with tempfile.TemporaryDirectory(prefix="bench-gw-") as tmp:
         for name in a.phases.split(","):
             meta = _meta(a)
@@ -341,6 +406,12 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--min-requests", type=int, default=2000,
                    help="at least this many timed requests when c>1: a p99 from 400 samples "
                         "is the 4th largest, and a difference of two such p99s is mostly noise")
+    r.add_argument("--workers", type=int, default=1,
+                   help="gateway worker processes in the latency phase")
+    r.add_argument("--workers-compare", default="1,2",
+                   help="worker counts the 'workers' phase compares")
+    r.add_argument("--workers-throughput-c", type=int, default=100)
+    r.add_argument("--workers-throughput-n", type=int, default=3000)
     r.add_argument("--open-streams", type=int, default=1000)
     r.add_argument("--growth-requests", type=int, default=100_000)
     r.add_argument("--growth-tokens", type=int, default=16)

@@ -1,4 +1,5 @@
-"""``python -m gateway --config PATH [--host H] [--port P]`` (default 127.0.0.1:8080)."""
+"""``python -m gateway --config PATH [--host H] [--port P] [--workers N]`` (default
+127.0.0.1:8080, one process)."""
 from __future__ import annotations
 
 import argparse
@@ -10,13 +11,14 @@ import sys
 
 from gateway.app import create_app, start_server
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.workers import Supervisor, worker_count
 
 log = logging.getLogger("gateway")
 
 
-async def serve(config: GatewayConfig, host: str, port: int) -> None:
+async def serve(config: GatewayConfig, host: str, port: int, reuse_port: bool = False) -> None:
     """Run until SIGTERM/SIGINT, then stop accepting and let streams finish (grace period)."""
-    runner, url = await start_server(create_app(config), host, port)
+    runner, url = await start_server(create_app(config), host, port, reuse_port=reuse_port)
     _tune_gc()
     print(f"listening {url}", flush=True)
     log.info("gateway listening on %s with %d model aliases", url, len(config.models))
@@ -60,9 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=None, help="listen port (default: listen.port, "
                                                           "8080; 0 = any free port)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--workers", type=worker_count, default=1,
+                   help="gateway processes sharing the port (default 1; 'auto' = cores)")
+    p.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    who = "" if a.worker_id is None else f" [worker {a.worker_id}]"
     logging.basicConfig(level=a.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s")
     try:
         config = load_config(a.config)
     except (ConfigError, OSError) as exc:
@@ -71,12 +77,20 @@ def main(argv: list[str] | None = None) -> int:
     _raise_fd_limit()
     host = a.host or config.listen.host
     port = config.listen.port if a.port is None else a.port
+    if a.workers > 1 and a.worker_id is None:
+        if any(k.rpm or k.tpm or k.max_concurrent for k in config.keys) \
+                and not config.limits.store:
+            log.warning("key limits are counted per worker (%d workers): set limits.store "
+                        "to share them", a.workers)
+        return Supervisor(["--config", a.config, "--log-level", a.log_level], a.workers,
+                          host, port, config.shutdown_grace_seconds).run()
+    reuse_port = a.worker_id is not None
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a base dependency off Windows
-        asyncio.run(serve(config, host, port))
+        asyncio.run(serve(config, host, port, reuse_port))
     else:
-        uvloop.run(serve(config, host, port))
+        uvloop.run(serve(config, host, port, reuse_port))
     return 0
 
 

@@ -17,12 +17,14 @@ from gateway import state
 from gateway.auth import KeyStore, digest, presented_key
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, Unauthorized, status_error
-from gateway.httpclient import Pool
+from gateway.limits import Limiter
 from gateway.metrics import Metrics
 from gateway.proxy import CHAT, COMPLETIONS, proxy
 from gateway.record import RequestLog
 from gateway.router import Router
 from gateway.server import GatewayRunner, Guard
+from gateway.routing import RoutingMetrics
+from gateway.transport import Transports
 
 log = logging.getLogger("gateway")
 _RID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -69,7 +71,8 @@ async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
     # Upstream connections (gateway/httpclient.py): no limit, since clients bound concurrency
     # and a limit would queue silently and show up as upstream latency; no cookies, so an
     # upstream's Set-Cookie never rides along on other clients' requests.
-    pool = Pool(keepalive_seconds=30)
+    # transport.py picks the client per provider (httpclient.py's, or aiohttp's for proxies).
+    pool = Transports(app[state.ROUTER].providers.values(), keepalive_seconds=30)
     app[state.POOL] = pool
     yield
     await pool.close()
@@ -82,6 +85,18 @@ async def request_log_ctx(app: web.Application) -> AsyncIterator[None]:
     app[state.REQUEST_LOG] = writer
     yield
     await writer.close()
+
+
+async def limits_ctx(app: web.Application) -> AsyncIterator[None]:
+    limiter = Limiter(app[state.CONFIG], app[state.METRICS])
+    app[state.LIMITER] = limiter
+    yield
+    await limiter.close()
+
+
+async def routing_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[state.ROUTER].attach_metrics(RoutingMetrics(app[state.METRICS]))
+    yield
 
 
 async def _mark_shutting_down(app: web.Application) -> None:
@@ -125,7 +140,7 @@ async def metrics(request: web.Request) -> web.Response:
         presented = presented_key(request) or ""
         if not hmac.compare_digest(digest(presented), token):
             raise Unauthorized("Invalid or missing metrics bearer token.")
-    body = generate_latest(request.app[state.METRICS].registry)
+    body = generate_latest(request.app[state.METRICS].exposition)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -154,7 +169,7 @@ def create_app(config: GatewayConfig, env: Mapping[str, str] | None = None) -> w
     app[state.ROUTER] = Router(config, env)
     app[state.LIFECYCLE] = state.Lifecycle()
     app[state.METRICS_TOKEN] = _metrics_token(config, env)
-    app.cleanup_ctx.extend([metrics_ctx, pool_ctx, request_log_ctx])
+    app.cleanup_ctx.extend([metrics_ctx, pool_ctx, request_log_ctx, limits_ctx, routing_ctx])
     app.on_shutdown.append(_mark_shutting_down)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -166,8 +181,10 @@ def create_app(config: GatewayConfig, env: Mapping[str, str] | None = None) -> w
 
 
 async def start_server(app: web.Application, host: str = "127.0.0.1", port: int = 0,
-                       shutdown_timeout: float | None = None) -> tuple[web.AppRunner, str]:
-    """Serve ``app`` on host:port (0 = any free port); returns the runner and base URL."""
+                       shutdown_timeout: float | None = None,
+                       reuse_port: bool = False) -> tuple[web.AppRunner, str]:
+    """Serve ``app`` on host:port (0 = any free port); returns the runner and base URL.
+    ``reuse_port``: share the port with the other workers (SO_REUSEPORT, workers.py)."""
     grace = app[state.CONFIG].shutdown_grace_seconds if shutdown_timeout is None \
         else shutdown_timeout
     sc = app[state.CONFIG].server
@@ -179,7 +196,7 @@ async def start_server(app: web.Application, host: str = "127.0.0.1", port: int 
                            handler_cancellation=True, access_log=None, shutdown_timeout=grace,
                            keepalive_timeout=sc.idle_timeout_seconds)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=4096)
+    site = web.TCPSite(runner, host, port, backlog=4096, reuse_port=reuse_port or None)
     await site.start()
     bound = runner.addresses[0][1]
     return runner, f"http://{host}:{bound}"

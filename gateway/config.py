@@ -32,8 +32,15 @@ class KeyConfig:
     env: str | None = None       # env var holding the key
     sha256: str | None = None    # hex digest of the key
     models: tuple[str, ...] = ("*",)  # glob allow-list of model names
+    rpm: int | None = None              # requests per limits.window_seconds (see limits.py)
+    tpm: int | None = None              # prompt + completion tokens per window
+    max_concurrent: int | None = None   # requests in flight at once
 
     def __post_init__(self) -> None:
+        for name in ("rpm", "tpm", "max_concurrent"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"keys.{self.name}.{name}: must be >= 1")
         if (self.env is None) == (self.sha256 is None):
             raise ConfigError(f"keys.{self.name}: give exactly one of 'env' or 'sha256'")
         if self.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", self.sha256):
@@ -49,12 +56,16 @@ class ProviderConfig:
     first_token_timeout_seconds: float | None = None  # None: same as timeout_seconds
     max_retries: int = 2
     passthrough: bool = False                   # "<provider>/<any-model>" routes here
+    transport: str = "fast"                     # "fast" (httpclient.py) | "aiohttp"
 
     def __post_init__(self) -> None:
         if not re.match(r"https?://", self.base_url):
             raise ConfigError(f"base_url {self.base_url!r} must start with http:// or https://")
         if self.max_retries < 0 or self.timeout_seconds <= 0 or self.connect_timeout_seconds <= 0:
             raise ConfigError("max_retries must be >= 0 and timeouts > 0")
+        if self.transport not in TRANSPORTS:
+            raise ConfigError(f"transport {self.transport!r}: expected one of "
+                              f"{', '.join(TRANSPORTS)}")
 
 
 @dataclass(frozen=True)
@@ -63,10 +74,27 @@ class DeploymentConfig:
     model: str
 
 
+ROUTING = ("least_in_flight", "least_ttft", "spillover")
+TRANSPORTS = ("fast", "aiohttp")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     deployments: tuple[DeploymentConfig, ...]
     defaults: Mapping[str, Any] = field(default_factory=dict)  # body fields set when absent
+    routing: str = "least_in_flight"       # see routing.py
+    ttft_slo_ms: float | None = None       # spillover: the first deployment's TTFT target
+    ttft_percentile: float = 99.0          # ... met at this percentile of recent requests
+
+    def __post_init__(self) -> None:
+        if self.routing not in ROUTING:
+            raise ConfigError(f"routing: {self.routing!r} is not one of {', '.join(ROUTING)}")
+        if self.routing == "spillover" and self.ttft_slo_ms is None:
+            raise ConfigError("routing: spillover needs ttft_slo_ms")
+        if self.ttft_slo_ms is not None and self.ttft_slo_ms <= 0:
+            raise ConfigError("ttft_slo_ms: must be > 0")
+        if not 0 < self.ttft_percentile <= 100:
+            raise ConfigError("ttft_percentile: must be in (0, 100]")
 
 
 @dataclass(frozen=True)
@@ -90,6 +118,27 @@ class RetryConfig:
 @dataclass(frozen=True)
 class LimitsConfig:
     max_body_bytes: int = 4 * 1024 * 1024
+    store: str | None = None         # redis://host:port/db shares key limits; None: in memory
+    window_seconds: float = 60.0     # the window keys[].rpm / tpm count in
+
+    def __post_init__(self) -> None:
+        if self.store is not None and not re.match(r"rediss?://", self.store):
+            raise ConfigError("limits.store: expected a redis:// or rediss:// URL")
+        if self.window_seconds <= 0:
+            raise ConfigError("limits.window_seconds: must be > 0")
+
+
+@dataclass(frozen=True)
+class EjectionConfig:
+    """Outlier ejection (Envoy's model): consecutive failures eject a deployment for
+    base_seconds x times ejected so far (capped), then it is tried again."""
+    consecutive_failures: int = 5
+    base_seconds: float = 30.0
+    max_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.consecutive_failures < 1 or self.base_seconds <= 0 or self.max_seconds <= 0:
+            raise ConfigError("ejection: consecutive_failures >= 1 and seconds > 0")
 
 
 @dataclass(frozen=True)
@@ -118,6 +167,7 @@ class GatewayConfig:
     retry: RetryConfig = RetryConfig()
     limits: LimitsConfig = LimitsConfig()
     server: ServerConfig = ServerConfig()
+    ejection: EjectionConfig = EjectionConfig()
     shutdown_grace_seconds: float = 30.0
 
     def __post_init__(self) -> None:
@@ -188,9 +238,12 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path}: expected a list of strings")
         return tuple(value)
     if "None" in str(hint) and value is not None:
-        inner = float if "float" in str(hint) else str
+        inner = float if "float" in str(hint) else int if "int" in str(hint) else str
         return _coerce(inner, value, path)
     return value
+
+
+_POLICY_KEYS = ("routing", "ttft_slo_ms", "ttft_percentile")
 
 
 def _model(alias: str, value: Any) -> ModelConfig:
@@ -204,16 +257,20 @@ def _model(alias: str, value: Any) -> ModelConfig:
     defaults = value.pop("defaults", None) or {}
     if not isinstance(defaults, dict):
         raise ConfigError(f"{path}.defaults: expected a mapping")
+    policy = {k: value.pop(k) for k in _POLICY_KEYS if k in value}
     if "deployments" not in value:  # the one-deployment short form
-        return ModelConfig((_build(DeploymentConfig, value, path),), defaults)
-    extra = sorted(set(value) - {"deployments"})
-    if extra:
-        raise ConfigError(f"{path}: unknown key '{path}.{extra[0]}'")
-    deps = value["deployments"]
-    if not isinstance(deps, list) or not deps:
-        raise ConfigError(f"{path}.deployments: expected a non-empty list")
-    return ModelConfig(tuple(_build(DeploymentConfig, d, f"{path}.deployments[{i}]")
-                             for i, d in enumerate(deps)), defaults)
+        deployments = (_build(DeploymentConfig, value, path),)
+    else:
+        extra = sorted(set(value) - {"deployments"})
+        if extra:
+            raise ConfigError(f"{path}: unknown key '{path}.{extra[0]}'")
+        deps = value["deployments"]
+        if not isinstance(deps, list) or not deps:
+            raise ConfigError(f"{path}.deployments: expected a non-empty list")
+        deployments = tuple(_build(DeploymentConfig, d, f"{path}.deployments[{i}]")
+                            for i, d in enumerate(deps))
+    return _build(ModelConfig, {**policy, "deployments": deployments, "defaults": defaults},
+                  path)
 
 
 def build_config(doc: Any, env: Mapping[str, str] | None = None) -> GatewayConfig:

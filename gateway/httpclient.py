@@ -142,6 +142,7 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.until_close = False  # body delimited by the connection's end (no length, no chunks)
         self.idle_since = 0.0
+        self.answered = False     # a byte of the current response arrived
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -172,6 +173,9 @@ class _Connection(asyncio.Protocol):
                                      "completed"))
 
     # ---- httptools callbacks -----------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.answered = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.response is not None
         self.response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
@@ -204,7 +208,7 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes) -> Response:
         self.response = Response(self)
         self.parser = httptools.HttpResponseParser(self)
-        self.keep_alive = self.until_close = False
+        self.keep_alive = self.until_close = self.answered = False
         self.headers_done = self.loop.create_future()
         self.transport.write(head + body)  # one send: headers and body leave together
         return self.response
@@ -246,9 +250,22 @@ class Pool:
         """POST ``body`` to ``url``; returns once the response headers are in."""
         head = _head(url, headers, len(body))  # refused headers must not take a connection
         conn = await self._get(url, connect_timeout)
+        reused = conn.idle_since > 0  # it sat in the pool: the upstream may have closed it
         resp = conn.send(head, body)
         try:
             await conn.headers_done  # type: ignore[misc]
+        except UpstreamError:
+            resp.close()
+            if not reused or conn.answered:
+                raise
+            # Died while idle, before a byte of the answer: once more at once, on a new one.
+            conn = await self._connect(conn.key, connect_timeout)
+            resp = conn.send(head, body)
+            try:
+                await conn.headers_done  # type: ignore[misc]
+            except BaseException:
+                resp.close()
+                raise
         except BaseException:
             resp.close()
             raise

@@ -6,9 +6,11 @@ strings therefore never create series.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # Nothing reads the `_created` series (one per counter and histogram child), so they are not
 # exported: they only add lines to every scrape. A process-wide switch in prometheus-client.
@@ -20,6 +22,7 @@ LATENCY_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0
                    20.0, 30.0, 45.0, 60.0)
 # The gateway's own overhead is usually well under 1 ms: finer buckets below.
 OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005) + LATENCY_BUCKETS
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN = "(unknown)"
 NO_PROVIDER = "(none)"
 
@@ -67,13 +70,34 @@ class Metrics:
         self.completion_tokens = Counter("gateway_completion_tokens",
                                          "Completion tokens (usage, else counted chunks).",
                                          labels, registry=r)
+        # livesum: with workers (workers.py) /metrics sums the live processes' values
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests being served now.",
-                               labels, registry=r)
+                               labels, registry=r, multiprocess_mode="livesum")
         self.retries = Counter("gateway_upstream_retries", "Upstream attempts after the first.",
                                labels, registry=r)
         self.errors = Counter("gateway_upstream_errors",
                               "Failed upstream attempts and broken streams.", labels, registry=r)
+        # Operators' view: routing decisions and ejections (routing.py), key limits (limits.py).
+        # deployment is "<provider>/<model>" from the config; key is a configured key name.
+        self.route_decisions = Counter("gateway_route_decisions", "Requests sent to a "
+                                       "deployment, by why it was chosen.",
+                                       ("model", "deployment", "reason"), registry=r)
+        self.deployment_ejected = Gauge("gateway_deployment_ejected", "1 while a deployment "
+                                        "is ejected for consecutive failures.",
+                                        ("model", "deployment"), registry=r,
+                                        multiprocess_mode="livemax")
+        self.rate_limited = Counter("gateway_rate_limited", "Requests refused by a client "
+                                    "key's own limits.", ("key", "reason"), registry=r)
+        self.limits_store_errors = Counter("gateway_limits_store_errors", "Failed calls to the "
+                                           "shared limits store (local counters decided).",
+                                           registry=r)
         self._series: dict[tuple[str, str], Series] = {}
+        # What /metrics shows: this registry, or with workers every worker's values
+        # (prometheus-client's multiprocess mode: workers.py sets PROMETHEUS_MULTIPROC_DIR).
+        self.exposition = self.registry
+        if os.environ.get(MULTIPROC_ENV):
+            self.exposition = CollectorRegistry()
+            MultiProcessCollector(self.exposition)
 
     def series(self, model: str, provider: str) -> Series:
         key = (model, provider)

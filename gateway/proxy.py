@@ -14,6 +14,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from gateway import state
 from gateway.auth import presented_key, require_model
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, RequestTimeout
+from gateway.limits import Ticket
 from gateway.metrics import NO_PROVIDER, UNKNOWN, Series
 from gateway.record import RequestRecord
 from gateway.relay import relay
@@ -87,6 +88,7 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
     labels = [UNKNOWN, NO_PROVIDER]
     series: Series | None = None
     opened: Opened | None = None
+    ticket: Ticket | None = None
     try:
         key = app[state.KEYS].check(presented_key(request))
         rec.key_name = key.name
@@ -95,7 +97,9 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         router = app[state.ROUTER]
         route = router.resolve(rec.model)
         require_model(key, rec.model)
-        order = router.order(route)
+        ticket = await app[state.LIMITER].admit(key.name)
+        decision = router.decide(route)
+        order = decision.order
         labels = [route.label, order[0].provider.name]
         series = app[state.METRICS].series(*labels)
         series.in_flight.inc()
@@ -104,6 +108,7 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         opened = await open_upstream(app[state.POOL], order, endpoint, body, headers, rec,
                                      series, app[state.CONFIG].retry)
         labels[1] = opened.deployment.provider.name
+        router.opened(route, decision, opened.deployment, rec)
         series_used = app[state.METRICS].series(*labels)
         resp = await relay(request, opened, rec, series_used, strip_usage)
         if rec.t_end_ns is None:
@@ -121,6 +126,7 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         raise
     finally:
         if opened is not None:
+            app[state.ROUTER].finished(opened.deployment, rec)
             opened.deployment.in_flight -= 1
             if rec.status == 200:
                 opened.response.release_after_body(_BODY_END_WAIT_S)
@@ -129,6 +135,9 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         if series is not None:
             series.in_flight.dec()
         _finish(app, rec, labels[0], labels[1])
+        if ticket is not None:
+            app[state.LIMITER].release(ticket, (rec.prompt_tokens or 0) +
+                                       (rec.completion_tokens or 0))
 
 
 def _finish(app: web.Application, rec: RequestRecord, model: str, provider: str) -> None:

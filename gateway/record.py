@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import io
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+
+from gateway.appendlog import AppendFile
 
 LOG_FIELDS = (
     "request_id", "key_name", "model", "provider", "upstream_model", "endpoint", "stream",
     "status", "error", "t_received", "ttft_s", "tpot_s", "e2e_s", "overhead_s",
     "overhead_ttft_s", "upstream_ttfb_s", "itl_mean_s", "itl_max_s", "content_chunks",
     "prompt_tokens", "completion_tokens", "tokens_estimated", "retries", "finish_reason",
+    "deployment", "route_reason",
 )
 
 
@@ -56,6 +58,11 @@ class RequestRecord:
     content_chunks: int = 0
     itl_sum_ns: int = 0
     itl_max_ns: int = 0
+    # routing (routing.py): "<provider>/<model>" that served, why it was chosen, and how many
+    # other requests it had in flight then
+    deployment: str | None = None
+    route_reason: str | None = None
+    route_level: int = 0
 
     def content(self, t_read_ns: int, t_written_ns: int) -> int | None:
         """Note a content chunk written at t_written; returns the ITL gap in ns (or None)."""
@@ -116,7 +123,8 @@ class RequestRecord:
             "content_chunks": self.content_chunks, "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "tokens_estimated": self.tokens_estimated, "retries": self.retries,
-            "finish_reason": self.finish_reason,
+            "finish_reason": self.finish_reason, "deployment": self.deployment,
+            "route_reason": self.route_reason,
         }
 
 
@@ -144,8 +152,8 @@ class RequestLog:
     """
 
     def __init__(self, jsonl: str | None, csv_path: str | None, flush_s: float = 1.0) -> None:
-        self._jsonl: TextIO | None = self._open(jsonl)
-        self._csv_file: TextIO | None = None
+        self._jsonl: AppendFile | None = self._open(jsonl)
+        self._csv_file: AppendFile | None = None
         self._csv: Any = None
         if csv_path:
             new = not Path(csv_path).exists() or Path(csv_path).stat().st_size == 0
@@ -157,11 +165,12 @@ class RequestLog:
         self._task: asyncio.Task | None = None
 
     @staticmethod
-    def _open(path: str | None) -> TextIO | None:
+    def _open(path: str | None) -> AppendFile | None:
+        """Whole lines per write(2), so gateway workers can share one file (appendlog.py)."""
         if not path:
             return None
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return open(path, "a", encoding="utf-8", buffering=io.DEFAULT_BUFFER_SIZE * 16)
+        return AppendFile(path)
 
     def write(self, row: dict[str, Any]) -> None:
         row = {k: _bounded(v) for k, v in row.items()}

@@ -18,10 +18,11 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from gateway.config import RetryConfig
 from gateway.errors import (BadGateway, GatewayError, GatewayTimeout, RateLimited, Unavailable,
                             UpstreamStatus)
-from gateway.httpclient import Pool, Response, UpstreamError
+from gateway.httpclient import Response, UpstreamError
 from gateway.metrics import Series
 from gateway.record import RequestRecord
 from gateway.router import Deployment
+from gateway.transport import Transport
 
 log = logging.getLogger("gateway.upstream")
 
@@ -131,7 +132,7 @@ async def _classify(resp: Response, dep: Deployment) -> None:
     raise UpstreamStatus(resp.status, body, f"Provider {name!r} answered HTTP {resp.status}.")
 
 
-async def _attempt(pool: Pool, dep: Deployment, endpoint: str,
+async def _attempt(pool: Transport, dep: Deployment, endpoint: str,
                    body: bytes, headers: CIMultiDict[str], rec: RequestRecord) -> Opened:
     pc = dep.provider.config
     loop = asyncio.get_running_loop()
@@ -170,7 +171,7 @@ def _backoff(retry: RetryConfig, n: int) -> float:
     return cap * (0.5 + random.random() / 2)  # jitter: spread synchronized retries
 
 
-async def open_upstream(pool: Pool, order: list[Deployment], endpoint: str,
+async def open_upstream(pool: Transport, order: list[Deployment], endpoint: str,
                         body: dict[str, Any], headers: CIMultiDict[str], rec: RequestRecord,
                         series: Series, retry: RetryConfig) -> Opened:
     """Try deployments (least loaded first, then again with backoff) until one answers 200.
@@ -211,6 +212,7 @@ async def open_upstream(pool: Pool, order: list[Deployment], endpoint: str,
             return await _attempt(pool, dep, endpoint, payload, headers, rec)
         except _Retryable as exc:
             dep.in_flight -= 1
+            dep.failed(exc.error)  # outlier ejection (routing.py)
             series.errors.inc()
             _log_failure(rec, dep, exc.error)
             last = exc

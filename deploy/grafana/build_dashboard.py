@@ -125,8 +125,33 @@ def panels() -> list[dict]:
     ]
 
 
+def operator_panels(y: int) -> list[dict]:
+    """Routing (gateway/routing.py) and key limits (gateway/limits.py), from row ``y``."""
+    return [
+        row("Routing and key limits (gateway)", y),
+        panel("Route decisions/s by deployment and reason",
+              [q(f"sum by (model, deployment, reason) "
+                 f"(rate(gateway_route_decisions_total{SEL}{RI}))",
+                 "{{model}} → {{deployment}} ({{reason}})")], "reqps", 0, y + 1,
+              desc="Why each request went where it did: within_slo / spillover (spillover "
+                   "routing), least_ttft, least_in_flight, failover, all_ejected."),
+        panel("Ejected deployments",
+              [q(f"max by (model, deployment) (gateway_deployment_ejected{SEL})",
+                 "{{model}} {{deployment}}")], "short", 12, y + 1,
+              desc="1 while a deployment is ejected after consecutive failures."),
+        panel("429s per key name (own limits)",
+              [q(f"sum by (key, reason) (rate(gateway_rate_limited_total{RI}))",
+                 "{{key}} {{reason}}"),
+               q(f"sum(rate(gateway_limits_store_errors_total{RI}))",
+                 "limits store errors/s")], "reqps", 0, y + 9, w=24, h=7,
+              desc="Requests refused by a key's rpm / tpm / max_concurrent, and failed calls "
+                   "to the shared Redis store (local counters decided meanwhile)."),
+    ]
+
+
 def dashboard() -> dict:
     ps = panels()
+    ps += operator_panels(max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in ps))
     for i, p in enumerate(ps, start=1):
         p["id"] = i
     return {

@@ -26,6 +26,8 @@ INTERFACE_METRICS = {
     "gateway_requests_total": "counter", "gateway_prompt_tokens_total": "counter",
     "gateway_completion_tokens_total": "counter", "gateway_in_flight_requests": "gauge",
     "gateway_upstream_retries_total": "counter", "gateway_upstream_errors_total": "counter",
+    "gateway_route_decisions_total": "counter", "gateway_deployment_ejected": "gauge",
+    "gateway_rate_limited_total": "counter", "gateway_limits_store_errors_total": "counter",
     "backend_ttft_seconds": "histogram", "backend_tpot_seconds": "histogram",
     "backend_queue_seconds": "histogram", "backend_prefill_seconds": "histogram",
     "backend_e2e_seconds": "histogram", "backend_batch_size": "histogram",

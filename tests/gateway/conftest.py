@@ -16,6 +16,7 @@ from gateway.app import create_app, start_server
 from gateway.config import build_config
 from gateway.httpclient import Pool
 from fakeupstream import FakeConfig, FakeUpstream
+from gateway.transport import AiohttpTransport
 from tests.gateway.httpservers import Handler, RawServer
 
 CLIENT_KEY = "sk-client-canary-7d1f0c9a"
@@ -57,13 +58,15 @@ class Gateway:
         return generate_latest(self.app[state.METRICS].registry).decode()
 
 
-def base_config(upstream: str, log_path: Path, **extra: Any) -> dict[str, Any]:
+def base_config(upstream: str, log_path: Path, transport: str = "fast",
+                **extra: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "keys": [{"name": "tester", "env": "GW_TEST_KEY", "models": ["*"]},
                  {"name": "narrow", "env": "GW_NARROW_KEY", "models": ["fast*"]}],
         "providers": {
             "fake": {"base_url": upstream + "/v1", "api_key_env": "GW_UP_KEY",
-                     "max_retries": 2, "passthrough": True, "timeout_seconds": 20},
+                     "max_retries": 2, "passthrough": True, "timeout_seconds": 20,
+                     "transport": transport},
             "nokey": {"base_url": upstream, "api_key_env": "GW_UNSET_KEY"},
         },
         "models": {"fast": {"provider": "fake", "model": "fake-fast"},
@@ -90,13 +93,23 @@ async def fake():
 
 
 @pytest.fixture
-async def make_gateway(fake, tmp_path):
+def transport() -> str:
+    """The fake provider's upstream transport (modules that test both override this)."""
+    return "fast"
+
+
+def make_pool(transport: str) -> Pool | AiohttpTransport:
+    return Pool() if transport == "fast" else AiohttpTransport()
+
+
+@pytest.fixture
+async def make_gateway(fake, tmp_path, transport):
     """Build and serve a gateway over ``fake``; keyword arguments override config keys."""
     runners: list[web.AppRunner] = []
 
     async def make(**extra: Any) -> Gateway:
         log_path = tmp_path / f"requests-{len(runners)}.jsonl"
-        cfg = build_config(base_config(fake.base_url, log_path, **extra), env={})
+        cfg = build_config(base_config(fake.base_url, log_path, transport, **extra), env={})
         app = create_app(cfg, env=ENV)
         runner, url = await start_server(app)
         runners.append(runner)

@@ -63,7 +63,9 @@ async def test_metrics_after_traffic(gw: Gateway):
     assert _value(text, "gateway_overhead_seconds_count", **fast) == 2
     assert 'le="0.002"' in text and 'le="60.0"' in text
     labels = set(re.findall(r"\{([^}]*)\}", text))
-    assert all(set(re.findall(r'(\w+)="', lab)) <= {"model", "provider", "code", "le"}
+    # deployment: "<provider>/<model>" from the config; reason: routing.py's fixed set
+    assert all(set(re.findall(r'(\w+)="', lab)) <= {"model", "provider", "code", "le",
+                                                    "deployment", "reason"}
                for lab in labels)
 
 

@@ -9,11 +9,19 @@ from __future__ import annotations
 import time
 
 import aiohttp
+import pytest
 
+from gateway.config import TRANSPORTS
 from tests.gateway.conftest import CLIENT_KEY, Gateway
 
 SLACK = 1.0  # seconds of allowed scheduling noise on top of injected delays
 MSG = [{"role": "user", "content": "what is the capital of France"}]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs over each upstream transport (transport.py)."""
+    return request.param
 
 
 async def test_chat_stream_timings_and_usage_strip(gw: Gateway):
