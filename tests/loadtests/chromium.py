@@ -32,6 +32,7 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--remote-debugging-port=0")
 WIDTH = 1200
+CALL_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -74,7 +75,7 @@ class _Session:
         fut = asyncio.get_running_loop().create_future()
         self._pending[self._next] = fut
         await self.ws.send_json({"id": self._next, "method": method, "params": params})
-        data = await fut
+        data = await asyncio.wait_for(fut, CALL_TIMEOUT_S)  # a crashed browser never answers
         if "error" in data:
             raise RuntimeError(f"{method}: {data['error']}")
         return data["result"]
