@@ -28,6 +28,7 @@ pytest.importorskip("torch")  # the backend extra
 openai = pytest.importorskip("openai")
 
 KEY = "sk-prometheus-live-7d2a"
+LIMITED_KEY = "sk-prometheus-live-limited-31c9"  # rpm 1: its second request is a 429
 MODEL = "smollm2"
 BROKEN = "broken"  # an alias whose provider refuses connections: 5xx and upstream errors
 # Parts of shipped expressions that have no data after a short test, each with the reason.
@@ -83,7 +84,9 @@ class Prometheus:
 
 def _gateway_config(path: Path, backend: str, dead: str) -> Path:
     doc = {"listen": {"host": "127.0.0.1", "port": 0},
-           "keys": [{"name": "live", "env": "GATEWAY_API_KEY", "models": ["*"]}],
+           "keys": [{"name": "live", "env": "GATEWAY_API_KEY", "models": ["*"]},
+                    {"name": "limited", "env": "GATEWAY_LIMITED_KEY", "models": ["*"],
+                     "rpm": 1}],
            "providers": {"local": {"base_url": backend + "/v1", "timeout_seconds": 120},
                          "down": {"base_url": dead + "/v1", "timeout_seconds": 5,
                                   "max_retries": 1}},
@@ -122,6 +125,11 @@ def _load(gateway: str, streams: int, plain: int) -> None:
     with pytest.raises(openai.APIStatusError) as err:
         client.chat.completions.create(model=BROKEN, messages=msgs, max_tokens=8)
     assert err.value.status_code >= 500
+    limited = openai.OpenAI(base_url=gateway + "/v1", api_key=LIMITED_KEY, max_retries=0,
+                            timeout=120)
+    with pytest.raises(openai.RateLimitError):  # over the key's rpm: the 429 series exist
+        for _ in range(2):
+            limited.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2)
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +147,8 @@ def stack(tmp_path_factory) -> Iterator[dict]:
         cfg = _gateway_config(tmp / "gateway.yaml", backend, f"http://127.0.0.1:{free_port()}")
         gw_proc, gateway = start_process([sys.executable, "-m", "gateway", "--config", str(cfg),
                                           "--port", "0"], tmp / "gateway.log",
-                                         env={"GATEWAY_API_KEY": KEY})
+                                         env={"GATEWAY_API_KEY": KEY,
+                                              "GATEWAY_LIMITED_KEY": LIMITED_KEY})
         procs.append(gw_proc)
         prom_port = free_port()
         prom_cfg = _prometheus_config(tmp / "prometheus.yml", {
