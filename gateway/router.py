@@ -44,6 +44,7 @@ class Deployment:
     provider: Provider
     model: str
     in_flight: int = 0   # requests now using this deployment (balancing)
+    limited_until: float = 0.0  # loop time its last 429's Retry-After runs to: tried last
     stats: DeploymentStats = field(default_factory=DeploymentStats)  # routing.py
 
     @property

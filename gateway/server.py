@@ -7,6 +7,10 @@ answers such requests with a fixed OpenAI-style 400 and logs one line naming onl
 class. It also closes connections that send a request head too slowly (``header_timeout``),
 and :class:`GuardedServer` answers connections above ``max_connections`` with a 503 before
 reading anything, so a flood of idle sockets cannot starve ``/healthz`` of file descriptors.
+
+This subclasses aiohttp's ``RequestHandler`` and reads a few of its attributes
+(``_request_count``, ``_manager``, ``_loop``); tests/gateway/test_slow_clients.py and
+test_canary.py fail if a new aiohttp changes them.
 """
 from __future__ import annotations
 

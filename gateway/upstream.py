@@ -179,9 +179,12 @@ async def open_upstream(pool: Transport, order: list[Deployment], endpoint: str,
     Retry policy (docs/GATEWAY.md): no answer (refused, reset, no headers in time) is retried
     up to ``max_retries`` times; a 5xx answer at most once per request; a 429 moves on to a
     deployment not yet rate limited in this request, never the same one; a 4xx and a
-    ``request_failed_in_step`` 500 are never retried.
+    ``request_failed_in_step`` 500 are never retried. A deployment whose 429 asked for time
+    (``Retry-After``) is tried after the others until that time has passed.
     """
     usable = [d for d in order if d.provider.missing_env is None]
+    now = asyncio.get_running_loop().time()
+    usable.sort(key=lambda d: d.limited_until > now)  # stable: load order otherwise kept
     if not usable:
         p = order[0].provider
         raise Unavailable(f"Provider {p.name!r} has no API key: environment variable "
@@ -218,6 +221,8 @@ async def open_upstream(pool: Transport, order: list[Deployment], endpoint: str,
             last = exc
             if exc.rate_limited:
                 limited.add(id(dep))
+                if exc.retry_after:  # later requests try it last until then
+                    dep.limited_until = asyncio.get_running_loop().time() + exc.retry_after
             answered += exc.answered
             if answered > 1:
                 break  # a second 5xx answer: the request itself may be what fails

@@ -142,16 +142,22 @@ async def test_429_fails_over_never_same_deployment(make_gateway, fake):
     assert row["retries"] == 1 and row["e2e_s"] < 5  # it did not wait Retry-After
     models = [rec.body["model"] for rec in fake.received]
     assert len(models) == 2 and models[0] != models[1]
+    # Its Retry-After (30 s) has not passed: the next requests try the other one first,
+    # although ties would otherwise rotate.
+    for _ in range(2):
+        await gw.client().chat.completions.create(model="two", messages=MSG,
+                                                  extra_body={"fake": {"ttft_ms": 0}})
+    assert [rec.body["model"] for rec in fake.received][2:] == [models[1]] * 2
     # Both rate limited: each tried once, then 429 + the upstream's Retry-After.
     status, headers, raw = await _post(gw, {"model": "two", "messages": MSG,
                                             "fake": {"fault": "429", "retry_after": 30}})
     assert status == 429 and headers["Retry-After"] == "30"
     assert _err(raw)["code"] == "upstream_rate_limited"
-    assert fake.stats.requests == 4
+    assert fake.stats.requests == 6
     # One deployment: no retry at all.
     status, headers, _ = await _post(gw, {"model": "fast", "messages": MSG,
                                           "fake": {"fault": "429", "retry_after": 0.5}})
-    assert status == 429 and headers["Retry-After"] == "0.5" and fake.stats.requests == 5
+    assert status == 429 and headers["Retry-After"] == "0.5" and fake.stats.requests == 7
 
 
 async def test_failover_to_next_deployment_and_balancing(make_gateway, fake):
