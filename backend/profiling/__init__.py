@@ -1,0 +1,9 @@
+"""Where the time goes, measured by the tool itself.
+
+``summary`` (the article's three numbers and verdicts; standard library only, shared with
+``deploy/nsight/summarize.py``), ``chrome_trace`` (reads torch.profiler traces), ``ranges``
+(named ranges that cost nothing outside a capture), ``capture`` (profile the next N engine
+steps), ``gpm`` (NVML GPU performance metrics: SM activity beside GPU-Util), ``timeline``
+(a PNG of a trace), ``ncu`` (Nsight Compute's kernel table). Importing the package itself
+stays cheap (no torch).
+"""
