@@ -146,3 +146,11 @@ def test_flag_without_token_refuses_to_start(monkeypatch):
                         "--port", "0", "--enable-profiling"], capture_output=True, text=True,
                        timeout=60, env=env)
     assert r.returncode == 2 and PROFILE_TOKEN_ENV in r.stderr
+
+
+def test_metrics_say_gpm_is_unavailable_on_cpu(server):
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    assert "backend_gpu_gpm_available 0.0" in text
+    assert 'backend_gpu_gpm_info{reason="the engine runs on \'cpu\': no GPU to sample"} 1.0' \
+        in text
+    assert "backend_gpu_sm_active_ratio" not in text  # absent, never a silent zero
