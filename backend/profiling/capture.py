@@ -29,7 +29,7 @@ from backend.profiling.summary import build_report
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_RECENT_STEPS = 64  # step times kept from outside captures, for the slowdown figure
+_RECENT_STEPS = 32  # step times kept from outside captures, for the slowdown figure
 CPU_REASON = ("the engine runs on the CPU: torch.profiler recorded CPU activities only "
               "(kernel gaps, copies and launches need a CUDA device and CUPTI)")
 IDLE_REASON = "no engine step ran during the capture (the engine had no requests)"
@@ -53,12 +53,17 @@ def _new_profiler(cuda: bool) -> tuple[profile, str | None]:
     """A profiler over every thread (so server-side ranges such as detokenize land in the
     trace too) where this torch can; else the engine thread only, with a note why."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    try:
-        config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
-    except (AttributeError, TypeError):
-        return profile(activities=activities), \
-            "this torch profiles only the engine thread; server-side ranges are missing"
-    return profile(activities=activities, experimental_config=config), None
+    # trace_only: stop() skips building Python event objects (only the exported trace is
+    # read), which shortens the stop the engine thread waits for; newer torch only.
+    for options in ({"profile_all_threads": True, "trace_only": True},
+                    {"profile_all_threads": True}):
+        try:
+            config = torch._C._profiler._ExperimentalConfig(**options)
+        except (AttributeError, TypeError):
+            continue
+        return profile(activities=activities, experimental_config=config), None
+    return profile(activities=activities), \
+        "this torch profiles only the engine thread; server-side ranges are missing"
 
 
 class StepProfiler:
@@ -120,7 +125,13 @@ class StepProfiler:
     def _begin(self, job: CaptureJob) -> None:
         t0 = time.perf_counter()
         self._prof, self._note = _new_profiler(job.cuda)
-        self._prof.start()
+        try:
+            self._prof.start()
+        except RuntimeError as exc:  # an all-threads profiler this build refuses to start
+            log.warning("profiler over all threads failed (%s); engine thread only", exc)
+            self._prof = profile(activities=self._prof.activities)
+            self._note = f"engine thread only: {exc}"
+            self._prof.start()
         ranges.switch_on(record_function)
         job.started_ns = time.time_ns()
         self._start_ms = (time.perf_counter() - t0) * 1e3

@@ -8,6 +8,7 @@ in the file, nanoseconds here.
 """
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,9 @@ def parse(doc: dict | list) -> Trace:
 
 
 def load(path: str | Path) -> Trace:
-    with open(path, encoding="utf-8") as f:
+    """A trace file; ``.gz`` files (what torch writes for a ``.json.gz`` name) too."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         return parse(json.load(f))
 
 
