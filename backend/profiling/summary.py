@@ -267,7 +267,8 @@ def verdicts(r: dict) -> list[str]:
         line = (f"{per_step:,.0f} kernels per step, {short:.0%} of them shorter than "
                 f"{SHORT_KERNEL_NS // 1000} us")
         if short > 0.5 and gap is not None and gap >= GAP_RATIO_MAX:
-            line += ": launch-bound; CUDA graphs or fused kernels cut the launches"
+            line += (": many short kernels while the GPU waits -- launch cost matters unless "
+                     "they replay from a CUDA graph; fused kernels cut their number")
         out.append(line)
     return out
 
