@@ -70,5 +70,8 @@ class FakeNvml:
             m.nvmlReturn = 1 if m.metricId in self.refused else 0
             m.value = values.get(m.metricId, 0.0)
 
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> SimpleNamespace:
+        return SimpleNamespace(total=140 * 2**30, used=100 * 2**30)
+
     def nvmlDeviceGetUtilizationRates(self, handle: str) -> SimpleNamespace:
         return SimpleNamespace(gpu=self.util, memory=10)
