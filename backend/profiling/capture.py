@@ -144,15 +144,24 @@ class StepProfiler:
             report["capture"] = self._capture_info(job, 0.0)
             job.deliver(report)
             return
-        t0 = time.perf_counter()
+        info = self._capture_info(job, 0.0)
+        if self._note is None:
+            # A profiler over all threads may be stopped from any thread: the worker pays
+            # for the stop (CUPTI flush, hundreds of ms on a big model), not the engine. The
+            # summary keeps only what lies inside the captured steps.
+            info["stopped_in"] = "worker thread"
+            threading.Thread(target=_stop_and_export, args=(prof, job, info),
+                             name="profile-export", daemon=True).start()
+            return
+        t0 = time.perf_counter()  # a thread-local profiler stops where it started
         try:
             prof.stop()
         except Exception as exc:  # noqa: BLE001 - the caller gets it; the engine keeps going
             log.exception("profiler stop failed")
             job.deliver(exc)
             return
-        stop_ms = (time.perf_counter() - t0) * 1e3
-        info = self._capture_info(job, stop_ms)
+        info["profiler_stop_ms"] = (time.perf_counter() - t0) * 1e3
+        info["stopped_in"] = "engine thread"
         threading.Thread(target=_export, args=(prof, job, info), name="profile-export",
                          daemon=True).start()
 
@@ -175,6 +184,18 @@ class StepProfiler:
 def trace_path(out_dir: Path, name: str, started_ns: int | None) -> Path:
     stamp = datetime.fromtimestamp((started_ns or time.time_ns()) / 1e9, timezone.utc)
     return out_dir / f"{name}-{stamp.strftime('%Y%m%dT%H%M%S.%fZ')}.json"
+
+
+def _stop_and_export(prof: profile, job: CaptureJob, info: dict) -> None:
+    t0 = time.perf_counter()
+    try:
+        prof.stop()
+    except Exception as exc:  # noqa: BLE001 - handed to the caller
+        log.exception("profiler stop failed")
+        job.deliver(exc)
+        return
+    info["profiler_stop_ms"] = (time.perf_counter() - t0) * 1e3
+    _export(prof, job, info)
 
 
 def _export(prof: profile, job: CaptureJob, info: dict) -> None:

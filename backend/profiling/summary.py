@@ -164,6 +164,19 @@ def range_table(spans: list[Span], steps: int | None) -> dict[str, dict]:
     return dict(sorted(out.items(), key=lambda kv: kv[1]["total_ms"], reverse=True))
 
 
+def clip_to_steps(activities: list[Activity], spans: list[Span]
+                  ) -> tuple[list[Activity], list[Span]]:
+    """Only what starts inside the captured steps (first step's start .. last step's end).
+    A step ends with a host sync, so its kernels are done by then; what a profiler still
+    records while it stops belongs to later steps. No step ranges (nsys): unchanged."""
+    marks = [s for s in spans if s.name == STEP_RANGE]
+    if not marks:
+        return activities, spans
+    lo, hi = min(s.start_ns for s in marks), max(s.end_ns for s in marks)
+    return ([a for a in activities if lo <= a.start_ns < hi],
+            [s for s in spans if lo <= s.start_ns < hi])
+
+
 def step_thread_spans(spans: list[Span]) -> list[Span]:
     """The spans of the thread that ran the engine steps (all spans when none is marked)."""
     threads = {s.thread for s in spans if s.name == STEP_RANGE}
@@ -179,6 +192,7 @@ def build_report(activities: list[Activity], spans: list[Span], steps: int | Non
     activity (a CPU run), shown where the GPU numbers are null."""
     if steps is None:
         steps = sum(1 for s in spans if s.name == STEP_RANGE) or None
+    activities, spans = clip_to_steps(activities, spans)
     reasons: dict[str, str] = {}
     kernels = [a for a in activities if a.kind == KERNEL]
     kernel_ns = sum(a.end_ns - a.start_ns for a in kernels)

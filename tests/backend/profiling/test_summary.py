@@ -105,3 +105,14 @@ def test_cpu_only_trace_has_null_numbers_with_reasons():
     assert r["kernel_gap_ratio"] is None and r["memcpy_share"] is None
     assert r["kernels_per_step"] is None and r["reasons"]["memcpy_share"] == "CPU build"
     assert "n/a" in render(r)
+
+
+def test_only_what_starts_inside_the_captured_steps_counts():
+    """What the profiler still records while it stops (the next step's kernels, another
+    thread's ranges) lies after the last step and is left out."""
+    spans = [Span("engine_step", 0, 100, "1"), Span("sample", 90, 100, "1"),
+             Span("detokenize", 150, 160, "2")]
+    acts = [Activity("kernel", "k", 0, 80), Activity("kernel", "late", 200, 900)]
+    r = build_report(acts, spans)
+    assert r["kernels"] == 1 and r["window_ms"] == pytest.approx(80 / 1e6)
+    assert r["kernel_gap_ratio"] == 0.0 and "detokenize" not in r["ranges"]
