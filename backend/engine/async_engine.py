@@ -25,6 +25,7 @@ from backend.profiling.capture import CaptureJob, StepProfiler
 
 log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.5  # how long the idle engine thread blocks for a command before re-checking
+_PROFILE_EXPORT_WAIT_S = 300.0  # a stopped capture's export; bounded if the engine is gone
 
 
 class AsyncEngine:
@@ -134,7 +135,8 @@ class AsyncEngine:
             return await asyncio.wait_for(asyncio.shield(done), timeout_s)
         except asyncio.TimeoutError:
             self._commands.put(("profile_stop",))
-            return await done
+            # the stop is applied between two steps; the export takes seconds on big traces
+            return await asyncio.wait_for(done, _PROFILE_EXPORT_WAIT_S)
         except asyncio.CancelledError:
             self._commands.put(("profile_stop",))
             raise

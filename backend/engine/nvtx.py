@@ -7,7 +7,7 @@ torch.profiler capture runs (``backend.profiling.capture``), every range is also
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from typing import ContextManager, Iterator
 
 from backend.profiling import ranges
 
@@ -33,7 +33,10 @@ class NvtxRanges:
         nvtx_range = self._annotate(f"{self.prefix}:{stage}", domain=self.prefix)
         if not ranges.active():
             return nvtx_range
-        both = contextlib.ExitStack()
-        both.enter_context(nvtx_range)
-        both.enter_context(profiled)
-        return both
+        return _both(nvtx_range, profiled)
+
+
+@contextlib.contextmanager
+def _both(outer: ContextManager, inner: ContextManager) -> Iterator[None]:
+    with outer, inner:
+        yield

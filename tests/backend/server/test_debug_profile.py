@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backend.cli import build_parser, config_from_args
 from backend.engine.config import EngineConfig
 from backend.profiling import chrome_trace
 from backend.server import ServerConfig, create_app
@@ -154,3 +155,11 @@ def test_metrics_say_gpm_is_unavailable_on_cpu(server):
     assert 'backend_gpu_gpm_info{reason="the engine runs on \'cpu\': no GPU to sample"} 1.0' \
         in text
     assert "backend_gpu_sm_active_ratio" not in text  # absent, never a silent zero
+
+
+def test_flags_map_onto_the_server_config():
+    c = config_from_args(build_parser().parse_args(["--enable-profiling", "--profile-dir",
+                                                    "/tmp/p"]))
+    assert (c.enable_profiling, c.profile_dir) == (True, "/tmp/p")
+    d = config_from_args(build_parser().parse_args([]))
+    assert (d.enable_profiling, d.profile_dir) == (False, "runs/profiles")
