@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Sequence
 
 from backend.engine.config import EngineConfig
-from backend.server.config import DEFAULT_MODEL, ServerConfig
+from backend.server.config import DEFAULT_MODEL, PROFILE_TOKEN_ENV, ServerConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="capture decode steps in CUDA graphs (no-op on CPU)")
     p.add_argument("--nvtx", action="store_true", help="emit NVTX ranges")
     p.add_argument("--nvtx-prefix", default="infer", help="prefix of NVTX range names")
+    p.add_argument("--enable-profiling", action="store_true",
+                   help="serve POST /debug/profile {\"steps\": N}: profile the next N engine "
+                        f"steps (bearer token from the env var {PROFILE_TOKEN_ENV}, required)")
+    p.add_argument("--profile-dir", default="runs/profiles",
+                   help="where /debug/profile stores its traces (default: %(default)s)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -54,7 +60,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         cuda_graph=args.cuda_graph, nvtx=args.nvtx, nvtx_prefix=args.nvtx_prefix,
         max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching)
     return ServerConfig(model=args.model, host=args.host, port=args.port,
-                        served_model_name=args.served_model_name, engine=engine)
+                        served_model_name=args.served_model_name, engine=engine,
+                        enable_profiling=args.enable_profiling, profile_dir=args.profile_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as exc:  # config validation: a usage error, not a traceback
         parser.error(str(exc))
+    if config.enable_profiling and not os.environ.get(PROFILE_TOKEN_ENV):
+        parser.error(f"--enable-profiling needs a bearer token in the env var "
+                     f"{PROFILE_TOKEN_ENV}; refusing to start with an open profiling route")
     import uvloop
 
     from backend.server.app import serve

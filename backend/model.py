@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.engine.attention import AttentionMetadata, PagedAttention
+from backend.profiling.ranges import stage
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -78,7 +79,9 @@ class DecoderLayer:
         qk.copy_(apply_rope(qk, cos, sin))  # in place, so K and V stay adjacent for the cache
         q = qkv[:, : H * hd].view(T, H, hd)
         kv = qkv[:, H * hd:].view(T, 2, kvh, hd)
-        x = x + F.linear(attn.forward(idx, q, kv, meta), self.o_w)  # [T, hidden]
+        with stage("attention"):  # a profiler range only while a capture runs
+            out = attn.forward(idx, q, kv, meta)  # [T, heads * head_dim]
+        x = x + F.linear(out, self.o_w)  # [T, hidden]
         h = F.rms_norm(x, (hidden,), self.post_norm, self.eps)
         gate_up = F.linear(h, self.gate_up_w)  # [T, 2 * inter]
         act = F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter:]

@@ -1,7 +1,10 @@
 """What the sweep watches besides the client: Prometheus /metrics deltas and GPU samples (NVML).
 
 GPU sampling uses nvidia-ml-py (``pynvml``). Without an NVIDIA GPU or driver the sample is
-recorded as unavailable, with the reason; nothing is estimated or faked.
+recorded as unavailable, with the reason; nothing is estimated or faked. Beside GPU-Util (any
+kernel running) it samples NVML's GPM metrics where the GPU has them (SM activity, SM
+occupancy, tensor activity, DRAM bandwidth: how busy the SMs really are); where it does not,
+the reason is recorded instead.
 """
 from __future__ import annotations
 
@@ -12,7 +15,12 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from backend.profiling.gpm import GpmDevice, load_nvml
 from loadtests.stats import summarize
+
+# GPM reading field -> samples list name (percent, like GPU-Util)
+_GPM_FIELDS = {"sm_active": "sm_active_pct", "sm_occupancy": "sm_occupancy_pct",
+               "tensor_active": "tensor_active_pct", "dram_bandwidth": "dram_bw_pct"}
 
 Snapshot = dict[str, float]  # "name{label=value,...}" -> value
 
@@ -81,28 +89,45 @@ class GpuSamples:
     util_pct: list[float] = field(default_factory=list)
     mem_used_mib: list[float] = field(default_factory=list)
     mem_total_mib: float | None = None
+    gpm_reason: str | None = "not sampled"  # None: GPM metrics below are real samples
+    sm_active_pct: list[float] = field(default_factory=list)
+    sm_occupancy_pct: list[float] = field(default_factory=list)
+    tensor_active_pct: list[float] = field(default_factory=list)
+    dram_bw_pct: list[float] = field(default_factory=list)
+
+    def gpm_summary(self) -> dict:
+        if self.gpm_reason is not None:
+            return {"available": False, "reason": self.gpm_reason}
+        return {"available": True, **{name: summarize(getattr(self, name)).to_dict()
+                                      for name in _GPM_FIELDS.values()}}
 
     def summary(self) -> dict:
         if not self.available:
-            return {"available": False, "reason": self.reason}
+            return {"available": False, "reason": self.reason,
+                    "gpm": {"available": False, "reason": self.reason}}
         return {"available": True, "name": self.name,
                 "util_pct": summarize(self.util_pct).to_dict(),
                 "mem_used_mib": summarize(self.mem_used_mib).to_dict(),
-                "mem_total_mib": self.mem_total_mib}
+                "mem_total_mib": self.mem_total_mib, "gpm": self.gpm_summary()}
 
 
 class GpuSampler:
-    """Samples GPU-Util and memory of every visible GPU (averaged across GPUs) in a thread."""
+    """Samples GPU-Util, memory and GPM metrics of every visible GPU (averaged across GPUs)
+    in a thread. ``nvml``: the pynvml module or a stand-in (tests); default pynvml."""
 
-    def __init__(self, interval_s: float = 0.2) -> None:
+    def __init__(self, interval_s: float = 0.2, nvml: object = None) -> None:
         self._interval = interval_s
+        self._nvml = nvml
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._gpm: list[GpmDevice] = []
         self.samples = GpuSamples(available=False)
 
     def start(self) -> None:
         try:
-            import pynvml
+            pynvml = self._nvml or load_nvml()
+            if pynvml is None:
+                raise RuntimeError("nvidia-ml-py (pynvml) is not installed")
             pynvml.nvmlInit()
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
                        for i in range(pynvml.nvmlDeviceGetCount())]
@@ -114,6 +139,11 @@ class GpuSampler:
         name = pynvml.nvmlDeviceGetName(handles[0])
         total = sum(pynvml.nvmlDeviceGetMemoryInfo(h).total for h in handles) / 2**20
         self.samples = GpuSamples(available=True, name=str(name), mem_total_mib=total)
+        self._gpm = [GpmDevice(i, pynvml) for i in range(len(handles))]
+        reasons = [d.reason for d in self._gpm if not d.open()]
+        self.samples.gpm_reason = reasons[0] if reasons else None
+        if reasons:
+            self._gpm = []
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, args=(pynvml, handles), daemon=True)
         self._thread.start()
@@ -124,12 +154,23 @@ class GpuSampler:
             mem = [pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]  # type: ignore[attr-defined]
             self.samples.util_pct.append(sum(util) / len(util))
             self.samples.mem_used_mib.append(sum(mem) / 2**20)
+            if self._gpm:
+                self._sample_gpm()
+
+    def _sample_gpm(self) -> None:
+        readings = [d.read().as_dict() for d in self._gpm]
+        for key, name in _GPM_FIELDS.items():
+            got = [r[key] for r in readings if r[key] is not None]
+            if got:
+                getattr(self.samples, name).append(100.0 * sum(got) / len(got))
 
     def stop(self) -> GpuSamples:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        for d in self._gpm:
+            d.close()
         return self.samples
 
 

@@ -70,21 +70,38 @@ def chart_throughput(rows: list[dict], path: str) -> str:
             label="output tok/s")
     _xaxis(ax, sizes)
     ax.set_ylabel("output tokens/s")
-    ax.set_title("Throughput and GPU-Util")
+    ax.set_title("Throughput, GPU-Util and SM activity")
     util = [r.get("gpu_util_mean_pct") for r in rows]
     ax2 = ax.twinx()
     if any(u is not None for u in util):
         ax2.plot(sizes, [_nan(u) for u in util], "s--", color="black", label="GPU-Util %")
         ax2.set_ylim(0, 100)
-        ax2.set_ylabel("GPU-Util (%)")
+        ax2.set_ylabel("GPU-Util / SM active (%)")
+        _plot_sm_activity(ax, ax2, rows, sizes)
     else:
         ax2.set_yticks([])
-        ax.text(0.5, 0.04, "GPU-Util: unavailable (no NVIDIA GPU / NVML)",
+        ax.text(0.5, 0.04, "GPU-Util and SM activity: unavailable (no NVIDIA GPU / NVML)",
                 transform=ax.transAxes, ha="center", fontsize=8, color="gray")
     lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     ax.legend(lines, [str(getattr(h, "get_label")()) for h in lines], loc="upper left")
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _plot_sm_activity(ax: Any, ax2: Any, rows: list[dict], sizes: list[int]) -> None:
+    """GPM SM activity (and tensor activity) beside GPU-Util, which counts any kernel
+    running: "GPU-Util 98%, SM active 41%" is the article's confusion made visible."""
+    sm = [r.get("gpu_sm_active_mean_pct") for r in rows]
+    if any(v is not None for v in sm):
+        ax2.plot(sizes, [_nan(v) for v in sm], "^-", color="crimson", label="SM active %")
+        tensor = [r.get("gpu_tensor_active_mean_pct") for r in rows]
+        if any(v is not None for v in tensor):
+            ax2.plot(sizes, [_nan(v) for v in tensor], "v:", color="darkorange",
+                     label="tensor active %")
+        return
+    reason = next(((r.get("gpu") or {}).get("gpm") or {}).get("reason") for r in rows)
+    ax.text(0.5, 0.04, f"SM activity (NVML GPM): unavailable — {reason}"[:110],
+            transform=ax.transAxes, ha="center", fontsize=7, color="gray")
 
 
 def chart_decomposition(rows: list[dict], path: str) -> str:
@@ -125,7 +142,8 @@ _COLUMNS = (("batch_size", "batch"), ("requests_ok", "ok"), ("requests_failed", 
             ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
             ("ttft_count", "n"), ("tpot_p50_ms", "TPOT p50 ms"), ("e2e_p50_ms", "E2E p50 ms"),
             ("output_tok_s", "out tok/s"), ("goodput_req_s", "goodput req/s"),
-            ("gpu_util_mean_pct", "GPU-Util %"), ("generator_saturated", "gen. saturated"))
+            ("gpu_util_mean_pct", "GPU-Util %"), ("gpu_sm_active_mean_pct", "SM active %"),
+            ("generator_saturated", "gen. saturated"))
 
 
 def _cell(v: Any) -> str:

@@ -118,6 +118,12 @@ def _ms(v: float | None) -> float | None:
     return None if v is None or v != v else v * 1000  # NaN -> None
 
 
+def _gpm_mean(gpu: dict, name: str) -> float | None:
+    """Mean of a GPM series over the step; None when GPM was unavailable (reason in gpu)."""
+    gpm = gpu.get("gpm") or {}
+    return gpm[name]["mean"] if gpm.get("available") else None
+
+
 def build_row(cfg: SweepConfig, batch: int, records_path: str, rc: int, gpu: dict,
               metrics: dict | None, gw_log: dict[str, dict]) -> dict:
     """One results row (units in the names) from a step's raw records and observations."""
@@ -158,6 +164,9 @@ def build_row(cfg: SweepConfig, batch: int, records_path: str, rc: int, gpu: dic
         "gpu_available": gpu.get("available", False),
         "gpu_util_mean_pct": (gpu["util_pct"]["mean"] if gpu.get("available") else None),
         "gpu_mem_max_mib": (gpu["mem_used_mib"]["max"] if gpu.get("available") else None),
+        "gpu_sm_active_mean_pct": _gpm_mean(gpu, "sm_active_pct"),
+        "gpu_tensor_active_mean_pct": _gpm_mean(gpu, "tensor_active_pct"),
+        "gpu_dram_bw_mean_pct": _gpm_mean(gpu, "dram_bw_pct"),
         "generator_saturated": gen.get("saturated"),
         "generator_reasons": "; ".join(gen.get("reasons") or []),
         "timing_noise": "; ".join(gen.get("timing_noise") or []),
@@ -240,6 +249,9 @@ def sweep_warnings(cfg: SweepConfig, rows: list[dict]) -> list[str]:
                        "without usage; tokens counted from chunks (fallback)")
     if rows and not rows[0]["gpu_available"]:
         out.append("GPU-Util: unavailable — " + str(rows[0]["gpu"].get("reason")))
+    elif rows and not (rows[0]["gpu"].get("gpm") or {}).get("available"):
+        out.append("SM activity (NVML GPM): unavailable — "
+                   + str((rows[0]["gpu"].get("gpm") or {}).get("reason")))
     return out
 
 

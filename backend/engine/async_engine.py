@@ -14,15 +14,18 @@ import logging
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from backend.engine.config import EngineConfig
 from backend.engine.errors import EngineNotRunning
 from backend.engine.outputs import EngineStats, RequestOutput, StepStats
 from backend.engine.sampling import SamplingParams
+from backend.profiling.capture import CaptureJob, StepProfiler
 
 log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.5  # how long the idle engine thread blocks for a command before re-checking
+_PROFILE_EXPORT_WAIT_S = 300.0  # a stopped capture's export; bounded if the engine is gone
 
 
 class AsyncEngine:
@@ -38,6 +41,7 @@ class AsyncEngine:
         self._queues: dict[str, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
+        self._profiler = StepProfiler()  # engine-thread owned; driven by commands
 
     @property
     def engine(self):
@@ -102,6 +106,41 @@ class AsyncEngine:
             raise EngineNotRunning("the engine is not started")
         return self._engine.stats()
 
+    @property
+    def _cuda(self) -> bool:
+        return str(self.config.device).startswith("cuda")
+
+    def warm_profiler(self) -> None:
+        """Initialise the profiler in the engine thread now, not inside the first capture."""
+        self._commands.put(("profile_warm",))
+
+    async def profile(self, steps: int, out_dir: Path, timeout_s: float,
+                      name: str = "profile") -> dict:
+        """Profile the next ``steps`` engine steps in the engine thread; the report (see
+        backend.profiling.summary) once the trace is written. After ``timeout_s`` without
+        enough steps (an idle engine) it ends the capture and reports what it holds; a
+        cancelled caller ends it too."""
+        if self._engine is None:
+            raise EngineNotRunning("the engine is not started")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def deliver(result: dict | BaseException) -> None:
+            setter = _set_exception if isinstance(result, BaseException) else _set_value
+            loop.call_soon_threadsafe(setter, done, result)
+
+        job = CaptureJob(steps, out_dir, deliver, name, cuda=self._cuda)
+        self._commands.put(("profile", job))
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), timeout_s)
+        except asyncio.TimeoutError:
+            self._commands.put(("profile_stop",))
+            # the stop is applied between two steps; the export takes seconds on big traces
+            return await asyncio.wait_for(done, _PROFILE_EXPORT_WAIT_S)
+        except asyncio.CancelledError:
+            self._commands.put(("profile_stop",))
+            raise
+
     # -- engine thread ----------------------------------------------------------------
     def _run(self, ready: asyncio.Future) -> None:
         try:
@@ -117,13 +156,14 @@ class AsyncEngine:
             if not self._engine.has_unfinished():
                 continue
             try:
-                outputs = self._engine.step()
+                outputs = self._profiler.run_step(self._engine.step)
             except Exception as exc:  # noqa: BLE001 - fail the in-flight requests, keep serving
                 log.exception("engine step failed")
                 self._fail_all(exc)
                 continue
             if outputs:
                 self._loop.call_soon_threadsafe(self._deliver, outputs)
+        self._profiler.stop_early()  # a capture still waiting gets what it has
         try:
             self._fail_all(EngineNotRunning("the engine stopped"))
         except RuntimeError:  # the event loop is already closed: nobody is waiting
@@ -153,6 +193,12 @@ class AsyncEngine:
             out = self._engine.abort_request(cmd[1])
             if out is not None:
                 self._loop.call_soon_threadsafe(self._deliver, [out])
+        elif cmd[0] == "profile":
+            self._profiler.start(cmd[1])
+        elif cmd[0] == "profile_warm":
+            self._profiler.warm(self._cuda)
+        elif cmd[0] == "profile_stop":
+            self._profiler.stop_early()
 
     def _fail_all(self, exc: Exception) -> None:
         for rid in list(self._engine.seqs):
@@ -175,6 +221,11 @@ class AsyncEngine:
 def _set_result(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _set_value(fut: asyncio.Future, value: object) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:

@@ -122,10 +122,13 @@ class ModelRunner:
         stage = "decode" if not batch.prefills else "prefill"
         with self.nvtx.range(stage):
             if self.graphs is not None and not batch.prefills and self.graphs.can_run(batch):
-                logits = self.graphs.run(batch)
+                with self.nvtx.range("forward"):
+                    logits = self.graphs.run(batch)
             else:
-                inputs = self.prepare(batch)
-                logits = self.model.forward(*inputs)
+                with self.nvtx.range("prepare"):
+                    inputs = self.prepare(batch)
+                with self.nvtx.range("forward"):
+                    logits = self.model.forward(*inputs)
         with self.nvtx.range("sample"):
             # the only host sync of a step: the sampled ids
             return self.sampler.sample(logits, batch.sampled_seqs()).tolist()

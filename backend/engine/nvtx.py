@@ -1,13 +1,15 @@
-"""NVTX ranges named ``<prefix>:<stage>`` (schedule, prefill, decode, sample; the server adds
-tokenize and detokenize). Disabled ranges cost one attribute lookup: ``range()`` returns a
-shared no-op context manager, nothing is formatted or imported.
+"""NVTX ranges named ``<prefix>:<stage>`` (schedule, prepare, forward, prefill, decode,
+sample; the server adds tokenize and detokenize). Disabled ranges cost two attribute lookups:
+``range()`` returns a shared no-op context manager, nothing is formatted or imported. While a
+torch.profiler capture runs (``backend.profiling.capture``), every range is also a
+``record_function`` range named ``<stage>``, so the capture's trace shows the same stages.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from typing import ContextManager, Iterator
 
-_NOOP = contextlib.nullcontext()
+from backend.profiling import ranges
 
 
 class NvtxRanges:
@@ -25,6 +27,16 @@ class NvtxRanges:
             self._annotate = nvtx.annotate
 
     def range(self, stage: str) -> ContextManager:
+        profiled = ranges.stage(stage)  # the shared no-op outside a capture
         if self._annotate is None:
-            return _NOOP
-        return self._annotate(f"{self.prefix}:{stage}", domain=self.prefix)
+            return profiled
+        nvtx_range = self._annotate(f"{self.prefix}:{stage}", domain=self.prefix)
+        if not ranges.active():
+            return nvtx_range
+        return _both(nvtx_range, profiled)
+
+
+@contextlib.contextmanager
+def _both(outer: ContextManager, inner: ContextManager) -> Iterator[None]:
+    with outer, inner:
+        yield

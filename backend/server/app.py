@@ -10,9 +10,11 @@ from typing import AsyncIterator, Callable
 from aiohttp import web
 
 from backend.engine.nvtx import NvtxRanges
+from backend.profiling.gpm import GpmCollector, sampler_for_device
 
 from . import handlers
 from .config import ServerConfig
+from .debug_profile import ProfileEndpoint
 from .errors import error_middleware
 from .metrics import Metrics
 from .state import BackendState, request_id
@@ -40,12 +42,14 @@ def _engine_ctx(loader: SourceLoader, factory: EngineFactory):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         config = app[CONFIG]
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="backend-tokenize")
-        engine = None
+        engine = gpm = None
         try:
             loop = asyncio.get_running_loop()
             # Loading (and on first use converting) weights takes seconds: not on the loop.
             source = await loop.run_in_executor(executor, loader, config.model)
             metrics = Metrics(lambda: engine.stats() if engine is not None else None)
+            gpm = sampler_for_device(config.engine.device)  # SM activity beside GPU-Util
+            metrics.registry.register(GpmCollector(gpm))
             started = factory(config.engine, source, metrics.observe_step)
             await started.start()
             engine = started
@@ -58,6 +62,8 @@ def _engine_ctx(loader: SourceLoader, factory: EngineFactory):
         finally:
             if engine is not None:
                 await engine.stop()
+            if gpm is not None:
+                gpm.stop()
             executor.shutdown(wait=False, cancel_futures=True)
     return ctx
 
@@ -69,6 +75,8 @@ async def _echo_request_id(request: web.Request, response: web.StreamResponse) -
 def create_app(config: ServerConfig, *, source_loader: SourceLoader | None = None,
                engine_factory: EngineFactory | None = None) -> web.Application:
     """The backend app; the loader and engine factory are replaceable for tests."""
+    profiling = ProfileEndpoint.from_env(config.profile_dir) if config.enable_profiling \
+        else None  # raises ValueError without a token: never an open profiling route
     app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
     app[CONFIG] = config
     app.cleanup_ctx.append(_engine_ctx(source_loader or _default_loader,
@@ -80,6 +88,9 @@ def create_app(config: ServerConfig, *, source_loader: SourceLoader | None = Non
     app.router.add_post("/tokenize", handlers.tokenize)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/metrics", handlers.metrics)
+    if profiling is not None:
+        app.router.add_post("/debug/profile", profiling.handle)
+        app.on_startup.append(profiling.warm)  # after the engine context has started
     return app
 
 

@@ -8,6 +8,7 @@ from backend.configutil import check_keys
 from backend.engine.config import EngineConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+PROFILE_TOKEN_ENV = "BACKEND_PROFILE_TOKEN"  # bearer token of POST /debug/profile
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class ServerConfig:
     # Chat requests without max_tokens may generate up to the context end (OpenAI semantics);
     # completions default to 16 tokens like OpenAI's legacy endpoint.
     default_completion_max_tokens: int = 16
+    # POST /debug/profile (token from PROFILE_TOKEN_ENV) and where its traces are stored
+    enable_profiling: bool = False
+    profile_dir: str = "runs/profiles"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -14,6 +14,10 @@ Reads what the Nsight tools export as CSV (standard library only, so it runs any
 
     python deploy/nsight/summarize.py --nsys-prefix runs/nsight/infer_profile \
         --ncu-csv runs/nsight/attention_profile_details.csv [--json out.json] [--strict]
+
+The arithmetic and the verdicts are backend.profiling.summary's, the same code that reports
+a torch.profiler capture (python -m backend.profiling.report), so both paths give one report
+(JSON key "report"); this script only reads the CSVs. Standard library only.
 """
 from __future__ import annotations
 
@@ -26,20 +30,20 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# Thresholds (their source is cited in docs/PROFILING.md).
-GAP_RATIO_MAX = 0.05
-MEMCPY_SHARE_MAX = 0.03
+# Run as a script from anywhere: the shared summary code lives in the repository's backend.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from backend.profiling.summary import GAP_RATIO_MAX, KERNEL, MEMCPY_OTHER, \
+    MEMCPY_SHARE_MAX, MEMSET, SHORT_KERNEL_NS, Activity, Check, build_report, \
+    format_check, gap_stats, memcpy_kind, memcpy_share  # noqa: E402
+
+# Per-kernel thresholds (their source is cited in docs/PROFILING.md).
 SM_UTIL_MIN = 60.0
 MEM_THROUGHPUT_MIN_COMPUTE_BOUND = 50.0
 MEM_THROUGHPUT_MIN_MEMORY_BOUND = 80.0
 L2_HIT_MIN = 40.0
 OCCUPANCY_MIN = 50.0
-SHORT_KERNEL_NS = 10_000  # launch overhead (a few us) dominates kernels shorter than this
 
 _UNIT_NS = {"ns": 1.0, "us": 1e3, "μs": 1e3, "ms": 1e6, "s": 1e9}
-# nsys names memory operations "[CUDA memcpy Host-to-Device]" (2023+) or "[CUDA memcpy HtoD]".
-_HTOD = ("host-to-device", "htod")
-_DTOH = ("device-to-host", "dtoh")
 
 # ncu's details page: metric names across versions (newest first), all in percent.
 _NCU_SM = ("Compute (SM) Throughput", "Compute (SM) [%]", "SM [%]")
@@ -48,15 +52,6 @@ _NCU_L2 = ("L2 Hit Rate",)
 _NCU_OCC = ("Achieved Occupancy",)
 _NCU_TIME_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
                 "msecond": 1e3, "s": 1e6, "second": 1e6}
-
-
-@dataclass
-class Check:
-    name: str
-    value: float | None
-    threshold: str
-    passed: bool | None  # None = not measurable from the input, or report only
-    unit: str = "pct"  # "ratio" (0..1, shown as %), "pct" (already percent), "count"
 
 
 @dataclass
@@ -132,51 +127,47 @@ def memop_summary(path: Path | None) -> dict[str, float]:
         t = (number(r[col]) or 0.0) * factor
         op = r["Operation"].lower()
         out["memop_time_ns"] += t
-        if any(k in op for k in _HTOD):
-            out["htod_ns"] += t
-        elif any(k in op for k in _DTOH):
-            out["dtoh_ns"] += t
+        kind = memcpy_kind(op)
+        if kind != MEMCPY_OTHER and "memcpy" in op:
+            out["htod_ns" if kind == "memcpy_htod" else "dtoh_ns"] += t
     return out
 
 
-def trace_gaps(path: Path) -> dict[str, float]:
-    """Idle time of each device over the capture window, from cuda_gpu_trace.
-
-    Busy = any GPU activity (kernels, copies, memsets), overlaps merged, so concurrent
-    streams are not double counted. The window runs from the first start to the last end.
-    """
+def trace_activities(path: Path) -> list[Activity]:
+    """Every kernel, copy and memset of cuda_gpu_trace as summary Activities."""
     rows = read_table(path, "Duration (")
     if not rows:
         raise ValueError(f"{path}: the GPU trace has no rows")
     start_col, sf = time_column(rows[0], "Start")
     dur_col, df = time_column(rows[0], "Duration")
-    per_device: dict[str, list[tuple[float, float]]] = {}
-    kernels, short = 0, 0
+    out = []
     for r in rows:
         start, dur = number(r[start_col]), number(r[dur_col])
         if start is None or dur is None:
             continue
-        start, dur = start * sf, dur * df
-        per_device.setdefault(r.get("Device", "") or "", []).append((start, start + dur))
-        if not r["Name"].lstrip().startswith("[CUDA "):
-            kernels += 1
-            short += dur < SHORT_KERNEL_NS
-    window = idle = 0.0
-    for spans in per_device.values():
-        spans.sort()
-        busy, cur_s, cur_e = 0.0, spans[0][0], spans[0][1]
-        for s, e in spans[1:]:
-            if s > cur_e:
-                busy += cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        busy += cur_e - cur_s
-        span = max(e for _, e in spans) - spans[0][0]
-        window += span
-        idle += span - busy
-    return {"window_ns": window, "idle_ns": idle, "gap_ratio": idle / window if window else 0.0,
-            "trace_kernels": kernels, "short_kernels": short, "devices": len(per_device)}
+        name = r["Name"].strip()
+        low = name.lower()
+        if not name.startswith("[CUDA "):
+            kind = KERNEL
+        elif "memset" in low:
+            kind = MEMSET
+        else:
+            kind = memcpy_kind(low)
+        out.append(Activity(kind, name, start * sf, start * sf + dur * df,
+                            r.get("Device", "") or ""))
+    return out
+
+
+def trace_gaps(path: Path) -> dict[str, float]:
+    """Idle time of each device over the capture window, from cuda_gpu_trace
+    (backend.profiling.summary.gap_stats: busy = any GPU activity, overlaps merged)."""
+    acts = trace_activities(path)
+    g = gap_stats(acts)
+    kernels = [a for a in acts if a.kind == KERNEL]
+    return {"window_ns": g["window_ns"], "idle_ns": g["idle_ns"],
+            "gap_ratio": g["gap_ratio"] or 0.0, "trace_kernels": len(kernels),
+            "short_kernels": sum(a.end_ns - a.start_ns < SHORT_KERNEL_NS for a in kernels),
+            "devices": g["devices"]}
 
 
 def nsys_report(kern: Path | None, mem: Path | None, trace: Path | None,
@@ -190,8 +181,8 @@ def nsys_report(kern: Path | None, mem: Path | None, trace: Path | None,
     if mem or no_memops:
         out.update(memop_summary(mem))
     if kern and (mem or no_memops):
-        gpu = out["kernel_time_ns"] + out["memop_time_ns"]
-        share = (out["htod_ns"] + out["dtoh_ns"]) / gpu if gpu else 0.0
+        share = memcpy_share(out["kernel_time_ns"], out["memop_time_ns"], out["htod_ns"],
+                             out["dtoh_ns"]) or 0.0
         out["memcpy_share"] = share
         checks.append(Check("memcpy HtoD+DtoH share of GPU time", share, "< 3%",
                             share < MEMCPY_SHARE_MAX, "ratio"))
@@ -204,6 +195,12 @@ def nsys_report(kern: Path | None, mem: Path | None, trace: Path | None,
         checks.append(Check("kernel launch count", float(launches), "report only", None, "count"))
     out["checks"] = checks
     return out
+
+
+def unified_report(trace: Path, steps: int | None) -> dict:
+    """The report a torch.profiler capture gets (three numbers, verdicts, top kernels), from
+    cuda_gpu_trace; nsys CSVs hold no CPU ranges, so gaps are not attributed to one."""
+    return build_report(trace_activities(trace), [], steps, source="nsys stats")
 
 
 # --- Nsight Compute -----------------------------------------------------------------------
@@ -282,27 +279,12 @@ def _kernel_checks(name: str, launches: int, m: dict[str, float | None]) -> Kern
 
 # --- output -------------------------------------------------------------------------------
 
-def _fmt_check(c: Check) -> str:
-    verdict = {True: "PASS", False: "FAIL", None: "-"}[c.passed]
-    if c.value is None:
-        shown = "n/a"
-    elif c.unit == "ratio":
-        shown = f"{c.value * 100:.2f}%"
-    elif c.unit == "pct":
-        shown = f"{c.value:.2f}%"
-    else:
-        shown = f"{c.value:,.0f}"
-    note = "no threshold" if c.passed is None and c.value is not None and c.unit == "count" \
-        else f"healthy {c.threshold}"
-    return f"  {verdict:4}  {c.name:<40} {shown:>12}   ({note})"
-
-
 def render(nsys: dict | None, kernels: list[KernelReport] | None) -> str:
     lines: list[str] = []
     if nsys is not None:
         lines.append("Nsight Systems")
         for c in nsys["checks"]:
-            lines.append(_fmt_check(c))
+            lines.append(format_check(c))
         if "short_kernels" in nsys:
             lines.append(f"        kernels shorter than {SHORT_KERNEL_NS // 1000} us: "
                          f"{nsys['short_kernels']:,} of {nsys['trace_kernels']:,}")
@@ -314,7 +296,7 @@ def render(nsys: dict | None, kernels: list[KernelReport] | None) -> str:
             dur = k.metrics.get("duration_us")
             took = f", {dur:,.1f} us each" if dur is not None else ""
             lines.append(f"  {k.name[:90]}  [{k.launches} launch(es){took}, {k.bound}-bound]")
-            lines.extend(_fmt_check(c) for c in k.checks)
+            lines.extend(format_check(c) for c in k.checks)
     return "\n".join(lines)
 
 
@@ -333,6 +315,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpu-trace", type=Path, help="cuda_gpu_trace CSV")
     p.add_argument("--ncu-csv", type=Path, help="`ncu --csv --page details` export")
     p.add_argument("--kernel-regex", help="only ncu kernels whose name matches this regex")
+    p.add_argument("--steps", type=int, help="engine steps in the capture (kernels per step)")
     p.add_argument("--json", type=Path, help="also write every number and check here")
     p.add_argument("--strict", action="store_true", help="exit 1 if any check fails")
     return p.parse_args(argv)
@@ -360,14 +343,18 @@ def main(argv: list[str] | None = None) -> int:
         nsys = nsys_report(a.kern_sum, a.mem_time_sum, a.gpu_trace, no_memops) \
             if has_nsys else None
         kernels = ncu_report(a.ncu_csv, a.kernel_regex) if a.ncu_csv else None
+        report = unified_report(a.gpu_trace, a.steps) if a.gpu_trace else None
     except (OSError, ValueError, KeyError) as exc:
         print(f"summarize.py: {exc}", file=sys.stderr)
         return 2
     print(render(nsys, kernels))
+    if report is not None:
+        print("Verdict\n" + "\n".join(f"  - {v}" for v in report["verdicts"]))
     if a.json:
         doc = {"nsys": {k: ([asdict(c) for c in v] if k == "checks" else v)
                         for k, v in nsys.items()} if nsys else None,
-               "ncu": [asdict(k) for k in kernels] if kernels is not None else None}
+               "ncu": [asdict(k) for k in kernels] if kernels is not None else None,
+               "report": report}
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     failed = [c for c in _all_checks(nsys, kernels) if c.passed is False]

@@ -133,7 +133,7 @@ def test_missing_tools_exit_127(tmp_path):
 
 
 def test_scripts_help_and_syntax():
-    for script in ("nsys_profile.sh", "ncu_attention.sh"):
+    for script in ("nsys_profile.sh", "ncu_attention.sh", "ncu_kernels.sh"):
         assert subprocess.run(["bash", "-n", str(NSIGHT / script)], timeout=30).returncode == 0
         proc = run(script, dict(os.environ), "--help")
         assert proc.returncode == 0 and "usual form:" in proc.stdout.lower()
@@ -159,3 +159,21 @@ def test_replay_runs_fixed_inputs_through_the_engine_on_cpu(tmp_path):
     assert out["requests"] == 3 and out["prompt_tokens"] == 16
     assert out["output_tokens"] == 9  # forced length: 3 tokens each, EOS ignored
     assert out["nvtx_capture_range"] == "infer:replay" and out["steps"] >= 3
+
+
+def test_ncu_kernels_profiles_attention_and_matmuls_at_real_clocks(fake_tools):
+    env, tmp = fake_tools
+    proc = run("ncu_kernels.sh", env)
+    assert proc.returncode == 0, proc.stderr
+    args = shlex.split((tmp / "log").read_text().splitlines()[0])
+    regex = args[args.index("--kernel-name") + 1]
+    assert regex.startswith("regex:") and all(k in regex for k in ("attention", "gemm", "nvjet"))
+    for flag, value in (("--clock-control", "none"), ("--set", "basic"),
+                        ("--section", "MemoryWorkloadAnalysis"),
+                        ("-o", f"{tmp}/out/kernel_table")):
+        assert args[args.index(flag) + 1] == value
+    target = args[args.index(sys.executable):]
+    assert target[:3] == [sys.executable, "-m", "backend.profiling.decode_profile"]
+    assert "--steps" in target and target[target.index("--steps") + 1] == "0"
+    assert (tmp / "out" / "kernel_table_summary.json").is_file()
+    assert "FAIL  SM utilisation" in proc.stdout

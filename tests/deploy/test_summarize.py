@@ -171,3 +171,30 @@ def test_a_capture_without_memory_operations_counts_zero(tmp_path):
         "SKIPPED: p.sqlite does not contain GPU memory data.\n")
     rc, text, doc = run_cli("--nsys-prefix", str(pre), tmp_path=tmp_path)
     assert rc == 0 and doc["nsys"]["memcpy_share"] == 0.0, text
+
+
+def test_nsys_and_torch_profiler_paths_give_one_report(tmp_path, summarize):
+    """The nsys trace, read by summarize.py, and the same activities as a torch.profiler
+    chrome trace, read by backend.profiling, give the same numbers and verdicts."""
+    rc, text, doc = run_cli("--nsys-prefix", str(FIX / "unhealthy"), "--steps", "2",
+                            tmp_path=tmp_path)
+    assert rc == 0, text
+    rep = doc["report"]
+    assert rep["kernel_gap_ratio"] == pytest.approx(doc["nsys"]["gap_ratio"], rel=1e-12)
+    assert rep["memcpy_share"] == pytest.approx(doc["nsys"]["memcpy_share"], rel=1e-12)
+    assert rep["kernels_per_step"] == 2.5 and rep["source"] == "nsys stats"
+    assert rep["verdicts"][0].startswith("gap problem: the GPU waited 12% of the time")
+    assert "gap problem" in text
+    from backend.profiling import chrome_trace
+    kind = {"kernel": "kernel", "memcpy_htod": "gpu_memcpy", "memcpy_dtoh": "gpu_memcpy",
+            "memcpy_other": "gpu_memcpy", "memset": "gpu_memset"}
+    events = [{"ph": "X", "cat": kind[a.kind], "name": a.name, "ts": a.start_ns / 1e3,
+               "dur": (a.end_ns - a.start_ns) / 1e3, "pid": 0, "args": {"device": a.device}}
+              for a in summarize.trace_activities(FIX / "unhealthy_cuda_gpu_trace.csv")]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    torch_rep = chrome_trace.report_from_trace(path, steps=2)
+    for key in ("kernel_gap_ratio", "memcpy_share", "kernels_per_step", "kernels",
+                "short_kernels"):
+        assert torch_rep[key] == pytest.approx(rep[key], rel=1e-9), key
+    assert torch_rep["verdicts"] == rep["verdicts"]

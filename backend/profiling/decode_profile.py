@@ -1,0 +1,189 @@
+"""Profile the engine's steady decode at fixed batch sizes, without nsys.
+
+For each batch size B: B requests with seeded prompts are prefilled, then the engine runs
+``--warmup`` decode steps, ``--baseline`` steps outside any capture (step time, and NVML
+GPU-Util / GPM SM activity over them where the GPU has GPM), then ``--steps`` steps inside a
+torch.profiler capture (StepProfiler, as POST /debug/profile does), then the rest is aborted.
+Writes per batch size ``profile-bB.json`` (the report, capture slowdown, GPM) and the trace
+``profile-bB.trace.json.gz``, and prints the three numbers as a table.
+
+    python -m backend.profiling.decode_profile --model synthetic:llama-2-7b --device cuda \
+        --dtype bfloat16 --batch 1 64 --out runs/profiles
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import random
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.outputs import StepStats
+from backend.engine.sampling import SamplingParams
+from backend.profiling.capture import CaptureJob, StepProfiler
+from backend.profiling.gpm import GpmDevice
+from backend.profiling.summary import render
+from backend.weights.loader import load_model_source
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="synthetic:llama-2-7b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=10, help="decode steps before measuring")
+    p.add_argument("--baseline", type=int, default=30, help="decode steps outside a capture")
+    p.add_argument("--steps", type=int, default=50,
+                   help="decode steps inside the capture (0: no capture, e.g. under ncu)")
+    p.add_argument("--num-layers", type=int, default=None,
+                   help="synthetic models only: keep this many layers (same kernel shapes, "
+                        "less memory for ncu to save and restore)")
+    p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("runs/profiles"))
+    return p.parse_args(argv)
+
+
+class _LastStep:
+    def __init__(self) -> None:
+        self.stats: StepStats | None = None
+
+    def __call__(self, stats: StepStats) -> None:
+        self.stats = stats
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_batch(engine: LLMEngine, last: _LastStep, batch: int, a: argparse.Namespace,
+                  vocab: int, gpm: GpmDevice | None) -> dict:
+    rng = random.Random(a.seed + batch)
+    total = a.warmup + a.baseline + a.steps + 8
+    ids = [f"b{batch}-{i}" for i in range(batch)]
+    for rid in ids:
+        prompt = [rng.randrange(3, vocab) for _ in range(a.prompt_tokens)]
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=total, ignore_eos=True))
+    prof = StepProfiler()
+    device = engine.runner.device
+    prof.warm(device.type == "cuda")  # Kineto/CUPTI init: once per process, as the server does
+    try:
+        for _ in range(10 * batch + 100):  # prefill (chunked) until all B decode together
+            prof.run_step(engine.step)
+            s = last.stats
+            if s.num_prefill_tokens == 0 and s.num_decode_tokens == batch:
+                break
+        for _ in range(a.warmup):
+            prof.run_step(engine.step)
+        _sync(device)
+        if gpm is not None and gpm.available:
+            gpm.read()  # starts the GPM interval at the baseline
+        t0 = time.perf_counter()
+        base = []
+        for _ in range(a.baseline):
+            s0 = time.perf_counter()
+            prof.run_step(engine.step)
+            base.append(time.perf_counter() - s0)
+        base_s = time.perf_counter() - t0
+        reading = gpm.read().as_dict() if gpm is not None and gpm.available else None
+        if a.steps == 0:
+            return {"batch_size": batch, "baseline_only": True,
+                    "step_ms_mean": base_s / a.baseline * 1e3}
+        done = threading.Event()
+        box: list = []
+        a.out.mkdir(parents=True, exist_ok=True)
+        prof.start(CaptureJob(a.steps, a.out, lambda r: (box.append(r), done.set()),
+                              name=f"trace-b{batch}", cuda=device.type == "cuda"))
+        for _ in range(a.steps):
+            prof.run_step(engine.step)
+        if not done.wait(600):
+            raise RuntimeError("the capture's export did not finish")
+        report = box[0]
+        if isinstance(report, BaseException):
+            raise report
+    finally:
+        for rid in ids:
+            engine.abort_request(rid)
+    assert last.stats.num_decode_tokens == batch, "the batch shrank during the measurement"
+    base.sort()
+    report["batch_size"] = batch
+    during = report["capture"]["step_ms_during"]
+    # the same B decodes right before the capture: the capture's own cost per step
+    report["capture"]["slowdown_vs_baseline"] = during / (base_s / a.baseline * 1e3) - 1
+    report["baseline"] = {
+        "steps": a.baseline, "step_ms_mean": base_s / a.baseline * 1e3,
+        "step_ms_p50": base[len(base) // 2] * 1e3,
+        "output_tok_s": batch * a.baseline / base_s,
+        "gpm": reading, "gpm_reason": None if gpm is not None and gpm.available
+        else (gpm.reason if gpm is not None else "not a CUDA device")}
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    torch.manual_seed(a.seed)
+    source = load_model_source(a.model)
+    if a.num_layers is not None:
+        if source.weights is not None:
+            raise SystemExit("--num-layers works on synthetic models only")
+        source = dataclasses.replace(source, config=dataclasses.replace(
+            source.config, num_hidden_layers=a.num_layers))
+    last = _LastStep()
+    config = EngineConfig(device=a.device, dtype=a.dtype, max_num_seqs=max(a.batch),
+                          max_num_batched_tokens=max(2048, a.prompt_tokens),
+                          kv_cache_memory_gib=a.kv_cache_memory, cuda_graph=a.cuda_graph,
+                          max_model_len=a.max_model_len)
+    engine = LLMEngine(config, source, step_observer=last)
+    gpm = None
+    if engine.runner.device.type == "cuda":
+        gpm = GpmDevice(engine.runner.device.index or 0)
+        gpm.open()
+    rows = []
+    for batch in a.batch:
+        r = profile_batch(engine, last, batch, a, source.config.vocab_size, gpm)
+        if a.steps == 0:
+            print(json.dumps(r), flush=True)
+            continue
+        trace = Path(r["trace"])
+        packed = a.out / f"profile-b{batch}.trace.json.gz"
+        with open(trace, "rb") as src, gzip.open(packed, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        trace.unlink()
+        r["trace"] = packed.name
+        r["model"], r["device"], r["dtype"] = a.model, str(engine.runner.device), \
+            str(engine.runner.dtype).removeprefix("torch.")
+        r["cuda_graph"] = engine.runner.graphs is not None
+        r["gpu_name"] = torch.cuda.get_device_name(engine.runner.device) \
+            if engine.runner.device.type == "cuda" else None
+        (a.out / f"profile-b{batch}.json").write_text(json.dumps(r, indent=1) + "\n")
+        print(f"== batch {batch}\n{render(r)}", flush=True)
+        rows.append(r)
+    print(f"{'batch':>5} {'gap':>7} {'memcpy':>7} {'k/step':>7} {'step ms':>8} "
+          f"{'in capture':>10} {'tok/s':>8} {'util':>5} {'SM act':>6}")
+    for r in rows:
+        c, b, g = r["capture"], r["baseline"], r["baseline"]["gpm"] or {}
+
+        def pct(v: float | None) -> str:
+            return "n/a" if v is None else f"{v:.1%}"
+        print(f"{r['batch_size']:>5} {pct(r['kernel_gap_ratio']):>7} {pct(r['memcpy_share']):>7} "
+              f"{r['kernels_per_step'] or 0:>7.0f} {b['step_ms_mean']:>8.2f} "
+              f"{c['step_ms_during'] or 0:>10.2f} {b['output_tok_s']:>8.0f} "
+              f"{pct(g.get('util')):>5} {pct(g.get('sm_active')):>6}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
