@@ -90,7 +90,7 @@ def chart_throughput(rows: list[dict], path: str) -> str:
 
 def _plot_sm_activity(ax: Any, ax2: Any, rows: list[dict], sizes: list[int]) -> None:
     """GPM SM activity (and tensor activity) beside GPU-Util, which counts any kernel
-    running: "GPU-Util 98%, SM active 41%" is the article's confusion made visible."""
+    running: "GPU-Util 98%, SM active 41%" is the confusion between the two made visible."""
     sm = [r.get("gpu_sm_active_mean_pct") for r in rows]
     if any(v is not None for v in sm):
         ax2.plot(sizes, [_nan(v) for v in sm], "^-", color="crimson", label="SM active %")

@@ -1,6 +1,6 @@
 """Where the time goes, measured by the tool itself.
 
-``summary`` (the article's three numbers and verdicts; standard library only, shared with
+``summary`` (the three numbers of where GPU time goes, and verdicts; standard library only, shared with
 ``deploy/nsight/summarize.py``), ``chrome_trace`` (reads torch.profiler traces), ``ranges``
 (named ranges that cost nothing outside a capture), ``capture`` (profile the next N engine
 steps), ``gpm`` (NVML GPU performance metrics: SM activity beside GPU-Util), ``report`` and

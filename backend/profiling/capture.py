@@ -1,6 +1,6 @@
 """Profile the next N steps of the engine loop with torch.profiler, in the loop's own thread.
 
-The article's pitfall is a 30-second capture of a live server: requests time out and retry.
+The usual pitfall is a 30-second capture of a live server: requests time out and retry.
 A capture here covers a bounded number of engine steps. The profiler starts and stops in the
 engine thread between two steps (CUPTI activities on CUDA, CPU activities otherwise); the
 trace export and the summary run in a worker thread, so the engine thread pays only the

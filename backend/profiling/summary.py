@@ -1,4 +1,4 @@
-"""The article's three numbers, judged against its thresholds, with a plain verdict.
+"""Three numbers of where GPU time goes, judged against thresholds, with a plain verdict.
 
 Input-agnostic and standard library only: ``chrome_trace`` (torch.profiler traces) and
 ``deploy/nsight/summarize.py`` (``nsys stats`` CSVs) turn what they read into GPU
@@ -18,7 +18,7 @@ import bisect
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
-# The article's thresholds (docs/PROFILING.md).
+# Thresholds (their source is cited in docs/PROFILING.md).
 GAP_RATIO_MAX = 0.05
 MEMCPY_SHARE_MAX = 0.03
 SHORT_KERNEL_NS = 10_000  # launch overhead (a few us) dominates kernels shorter than this

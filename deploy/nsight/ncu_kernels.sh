@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute's kernel table for the decode step's attention kernel and matmuls, in one
-# command, with the article's thresholds (SM > 60%, memory throughput > 50/80%, L2 hit > 40%,
+# command, with thresholds (SM > 60%, memory throughput > 50/80%, L2 hit > 40%,
 # occupancy > 50%). A thin layer over ncu_attention.sh with other defaults:
 #
 #   deploy/nsight/ncu_kernels.sh [-- CMD ...]
