@@ -162,6 +162,15 @@ def run_main(a: argparse.Namespace) -> None:
               f"{r['local_share']:>12} {str(r['meets_slo_p99']):>10}")
 
 
+def _local_args(p: argparse.ArgumentParser) -> None:
+    """The local backend's shape (both sub-commands take it; --itl-ms, --tokens: the cloud's
+    too)."""
+    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--prefill-ms", type=float, default=40.0)
+    p.add_argument("--itl-ms", type=float, default=10.0)
+    p.add_argument("--tokens", type=int, default=32)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m loadtests.bench_spillover", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,20 +178,13 @@ def main(argv: list[str] | None = None) -> None:
     r = sub.add_parser("run", help="run the three routings")
     r.add_argument("--out", default="docs/benchmarks/gateway-operators")
     r.add_argument("--routings", default="local-only,least_in_flight,spillover")
-    r.add_argument("--slots", type=int, default=8)
-    r.add_argument("--prefill-ms", type=float, default=40.0)
-    r.add_argument("--itl-ms", type=float, default=10.0)
-    r.add_argument("--tokens", type=int, default=32)
+    _local_args(r)
     r.add_argument("--cloud-ttft-ms", type=float, default=120.0)
     r.add_argument("--slo-ms", type=float, default=200.0)
     r.add_argument("--concurrency", type=int, default=24)
     r.add_argument("--requests", type=int, default=1500)
     r.add_argument("--warmup", type=int, default=48)
-    loc = sub.add_parser("local", help="(internal) the slotted local backend")
-    loc.add_argument("--slots", type=int, default=8)
-    loc.add_argument("--prefill-ms", type=float, default=40.0)
-    loc.add_argument("--itl-ms", type=float, default=10.0)
-    loc.add_argument("--tokens", type=int, default=32)
+    _local_args(sub.add_parser("local", help="(internal) the slotted local backend"))
     a = p.parse_args(argv)
     if a.cmd == "run":
         run_main(a)
