@@ -5,7 +5,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from yarl import URL
 
@@ -93,7 +93,7 @@ class Router:
             for dep in route.deployments:
                 dep.stats.on_ejection = self._ejection_hook(route.label, dep)
 
-    def _ejection_hook(self, alias: str, dep: Deployment):  # type: ignore[no-untyped-def]
+    def _ejection_hook(self, alias: str, dep: Deployment) -> Callable[[bool], None]:
         gauge = self.metrics.ejected.labels(alias, dep.label) if self.metrics else None
 
         def changed(ejected: bool) -> None:
