@@ -13,7 +13,8 @@ one of ``--slots`` slots, then its first token comes ``--prefill-ms`` later and 
 ``--itl-ms``; the slot is held until its last token, so past ``--slots`` streams the TTFT grows
 with the queue. Each routing gets the same closed-loop load (``--concurrency`` streams, the
 load client of ``loadtests.bench_gateway``); TTFT is client-observed; the local share comes
-from the gateway's request log (``deployment``). Everything runs on this machine: a 2-core VM.
+from the gateway's request log (``deployment``); ``<out>/spillover<tag>.png`` charts TTFT and
+where requests went (loadtests/report.py). Everything runs on this machine: a 2-core VM.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from aiohttp import web
 from loadtests.bench_gateway import _client, _spawn
 from loadtests.bench_gateway_client import KEY
 from loadtests.procs import stop_process
+from loadtests.report import chart_routing
 
 
 # ---- the slotted local backend ----------------------------------------------------------------
@@ -152,9 +154,10 @@ def run_main(a: argparse.Namespace) -> None:
         stop_process(local)
         stop_process(cloud)
     meta["loadavg_end"] = os.getloadavg()
-    path = out_dir / "spillover.json"
+    path = out_dir / f"spillover{a.tag}.json"
     path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
-    print(f"wrote {path}")
+    chart = chart_routing(runs, a.slo_ms, str(out_dir / f"spillover{a.tag}.png"))
+    print(f"wrote {path}, {chart}")
     print(f"{'routing':<16} {'TTFT p50':>9} {'TTFT p99':>9} {'local share':>12} "
           f"{'meets SLO':>10}")
     for r in runs:
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     r = sub.add_parser("run", help="run the three routings")
     r.add_argument("--out", default="docs/benchmarks/gateway-operators")
     r.add_argument("--routings", default="local-only,least_in_flight,spillover")
+    r.add_argument("--tag", default="", help="suffix for the JSON and PNG names")
     _local_args(r)
     r.add_argument("--cloud-ttft-ms", type=float, default=120.0)
     r.add_argument("--slo-ms", type=float, default=200.0)
