@@ -13,7 +13,8 @@ one of ``--slots`` slots, then its first token comes ``--prefill-ms`` later and 
 ``--itl-ms``; the slot is held until its last token, so past ``--slots`` streams the TTFT grows
 with the queue. Each routing gets the same closed-loop load (``--concurrency`` streams, the
 load client of ``benchmarks.gateway``); TTFT is client-observed; the local share comes
-from the gateway's request log (``deployment``). Everything runs on this machine: a 2-core VM.
+from the gateway's request log (``deployment``); ``<out>/spillover<tag>.png`` charts TTFT and
+where requests went (loadtests/report.py). Everything runs on this machine: a 2-core VM.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from aiohttp import web
 from benchmarks.gateway import _client, _spawn
 from benchmarks.gateway_client import KEY
 from loadtests.procs import stop_process
+from loadtests.report import chart_routing
 
 
 # ---- the slotted local backend ----------------------------------------------------------------
@@ -152,14 +154,24 @@ def run_main(a: argparse.Namespace) -> None:
         stop_process(local)
         stop_process(cloud)
     meta["loadavg_end"] = os.getloadavg()
-    path = out_dir / "spillover.json"
+    path = out_dir / f"spillover{a.tag}.json"
     path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
-    print(f"wrote {path}")
+    chart = chart_routing(runs, a.slo_ms, str(out_dir / f"spillover{a.tag}.png"))
+    print(f"wrote {path}, {chart}")
     print(f"{'routing':<16} {'TTFT p50':>9} {'TTFT p99':>9} {'local share':>12} "
           f"{'meets SLO':>10}")
     for r in runs:
         print(f"{r['routing']:<16} {r['ttft_ms']['p50_ms']:>9} {r['ttft_ms']['p99_ms']:>9} "
               f"{r['local_share']:>12} {str(r['meets_slo_p99']):>10}")
+
+
+def _local_args(p: argparse.ArgumentParser) -> None:
+    """The local backend's shape (both sub-commands take it; --itl-ms, --tokens: the cloud's
+    too)."""
+    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--prefill-ms", type=float, default=40.0)
+    p.add_argument("--itl-ms", type=float, default=10.0)
+    p.add_argument("--tokens", type=int, default=32)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -169,20 +181,14 @@ def main(argv: list[str] | None = None) -> None:
     r = sub.add_parser("run", help="run the three routings")
     r.add_argument("--out", default="docs/benchmarks/gateway-operators")
     r.add_argument("--routings", default="local-only,least_in_flight,spillover")
-    r.add_argument("--slots", type=int, default=8)
-    r.add_argument("--prefill-ms", type=float, default=40.0)
-    r.add_argument("--itl-ms", type=float, default=10.0)
-    r.add_argument("--tokens", type=int, default=32)
+    r.add_argument("--tag", default="", help="suffix for the JSON and PNG names")
+    _local_args(r)
     r.add_argument("--cloud-ttft-ms", type=float, default=120.0)
     r.add_argument("--slo-ms", type=float, default=200.0)
     r.add_argument("--concurrency", type=int, default=24)
     r.add_argument("--requests", type=int, default=1500)
     r.add_argument("--warmup", type=int, default=48)
-    loc = sub.add_parser("local", help="(internal) the slotted local backend")
-    loc.add_argument("--slots", type=int, default=8)
-    loc.add_argument("--prefill-ms", type=float, default=40.0)
-    loc.add_argument("--itl-ms", type=float, default=10.0)
-    loc.add_argument("--tokens", type=int, default=32)
+    _local_args(sub.add_parser("local", help="(internal) the slotted local backend"))
     a = p.parse_args(argv)
     if a.cmd == "run":
         run_main(a)

@@ -126,7 +126,7 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         raise
     finally:
         if opened is not None:
-            app[state.ROUTER].finished(opened.deployment, rec)
+            app[state.ROUTER].finished(route, opened.deployment, rec)
             opened.deployment.in_flight -= 1
             if rec.status == 200:
                 opened.response.release_after_body(_BODY_END_WAIT_S)

@@ -5,7 +5,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from yarl import URL
 
@@ -94,7 +94,7 @@ class Router:
             for dep in route.deployments:
                 dep.stats.on_ejection = self._ejection_hook(route.label, dep)
 
-    def _ejection_hook(self, alias: str, dep: Deployment):  # type: ignore[no-untyped-def]
+    def _ejection_hook(self, alias: str, dep: Deployment) -> Callable[[bool], None]:
         gauge = self.metrics.ejected.labels(alias, dep.label) if self.metrics else None
 
         def changed(ejected: bool) -> None:
@@ -131,12 +131,15 @@ class Router:
         rec.deployment = dep.label
         rec.route_reason = decision.reason if dep is decision.order[0] else FAILOVER
         rec.route_level = dep.in_flight - 1  # the others in flight when it was sent
-        dep.stats.opened(rec, time.monotonic())
+        if len(route.deployments) > 1:  # one deployment: nothing to choose, nothing to learn
+            dep.stats.opened(rec, time.monotonic())
         if self.metrics is not None and route.label in self.routes:
             self.metrics.decided(route.label, dep.label, rec.route_reason)
 
-    def finished(self, dep: Deployment, rec: Any) -> None:
+    def finished(self, route: Route, dep: Deployment, rec: Any) -> None:
         """The request ``dep`` served ended: learn its TTFT, or note a broken stream."""
+        if len(route.deployments) == 1:
+            return
         now = time.monotonic()
         if rec.status >= 500:  # broke after the headers (a 499 is the client's doing)
             dep.stats.failed(None, now)

@@ -87,6 +87,7 @@ class DeploymentStats:
         """A request sent here got its response headers."""
         self.failures = 0
         if record.stream:  # a JSON answer has no first token to wait for
+            self.oldest_pending_age(now)  # drops the answered ones: the deque stays small
             self.pending.append((now, record))
 
     def observe(self, level: int, ttft_s: float, now: float) -> None:

@@ -34,7 +34,7 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from gateway.httpclient import Pool, UpstreamError
+from gateway.httpclient import Pool, Response, UpstreamError
 
 log = logging.getLogger("gateway.transport")
 _Origin = tuple[str, str, int]
@@ -85,21 +85,15 @@ class AiohttpResponse:
         self.status = resp.status
         self.headers: CIMultiDict[str] = CIMultiDict(resp.headers)
 
-    @property
-    def content_type(self) -> str:
-        return self.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+    # The same as the fast client's: they only use .headers and .readany.
+    content_type = Response.content_type
+    read = Response.read
 
     async def readany(self) -> bytes:
         try:
             return await self._resp.content.readany()
         except (aiohttp.ClientError, OSError) as exc:  # cut body, reset
             raise UpstreamError(f"upstream body broke: {type(exc).__name__}") from None
-
-    async def read(self) -> bytes:
-        parts = []
-        while data := await self.readany():
-            parts.append(data)
-        return b"".join(parts)
 
     def release(self) -> None:
         self._resp.release()

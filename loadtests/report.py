@@ -125,6 +125,37 @@ def chart_decomposition(rows: list[dict], path: str) -> str:
     return _save(fig, path)
 
 
+def chart_routing(runs: list[dict], slo_ms: float, path: str) -> str:
+    """Spillover demo (benchmarks/spillover.py): client TTFT p50/p99 per routing, with
+    the SLO, and how many requests/s the local backend served under each."""
+    plt = _plt()
+    names = [r["routing"] for r in runs]
+    xs = range(len(runs))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax.bar([x - 0.2 for x in xs], [_nan(r["ttft_ms"]["p50_ms"]) for r in runs], 0.4,
+           label="TTFT p50")
+    ax.bar([x + 0.2 for x in xs], [_nan(r["ttft_ms"]["p99_ms"]) for r in runs], 0.4,
+           label="TTFT p99")
+    ax.axhline(slo_ms, color="red", lw=1, ls=":", label=f"SLO {slo_ms:g} ms (p99)")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names)
+    ax.set_ylabel("client TTFT (ms)")
+    ax.set_title("TTFT by routing: local backend past its SLO + cloud")
+    ax.legend(fontsize=8)
+    ax2.bar(list(xs), [r["local_req_per_s"] for r in runs], 0.5, color="#31a354",
+            label="local")
+    ax2.bar(list(xs), [r["req_per_s"] - r["local_req_per_s"] for r in runs], 0.5,
+            bottom=[r["local_req_per_s"] for r in runs], color="#fdae6b", label="cloud")
+    ax2.set_xticks(list(xs))
+    ax2.set_xticklabels(names)
+    ax2.set_ylabel("requests/s")
+    ax2.set_title("Where the requests went")
+    ax2.legend(fontsize=8)
+    for a in (ax, ax2):
+        a.grid(True, axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
 def _save(fig: Any, path: str) -> str:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt

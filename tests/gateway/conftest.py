@@ -13,7 +13,7 @@ from openai import AsyncOpenAI
 
 from gateway import state
 from gateway.app import create_app, start_server
-from gateway.config import build_config
+from gateway.config import TRANSPORTS, build_config
 from gateway.httpclient import Pool
 from fakeupstream import FakeConfig, FakeUpstream
 from gateway.transport import AiohttpTransport
@@ -100,6 +100,14 @@ def transport() -> str:
 
 def make_pool(transport: str) -> Pool | AiohttpTransport:
     return Pool() if transport == "fast" else AiohttpTransport()
+
+
+@pytest.fixture(params=TRANSPORTS)
+async def each_pool(request: pytest.FixtureRequest):
+    """An upstream client of each transport (transport.py), in turn."""
+    p = make_pool(request.param)
+    yield p
+    await p.close()
 
 
 @pytest.fixture

@@ -11,21 +11,17 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.config import TRANSPORTS
 from gateway.httpclient import HIGH_WATER, Pool, UpstreamError
-from tests.gateway.conftest import make_pool
 from tests.gateway.httpservers import ok, read_request, sent, until
 
 # A client bug here tends to be a hang (a body that never ends): fail in seconds, not minutes.
 pytestmark = pytest.mark.timeout(10)
 
 
-@pytest.fixture(params=TRANSPORTS)
-async def pool(request: pytest.FixtureRequest):
-    """Every test here runs against each upstream transport (transport.py)."""
-    p = make_pool(request.param)
-    yield p
-    await p.close()
+@pytest.fixture
+def pool(each_pool):
+    """Every test here runs against each upstream transport."""
+    return each_pool
 
 
 # ---- bodies ------------------------------------------------------------------------------

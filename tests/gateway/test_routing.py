@@ -122,3 +122,12 @@ async def test_an_ejected_deployment_comes_back_after_its_backoff(make_gateway, 
     text = await gw.metrics_text()
     assert not [ln for ln in text.splitlines()
                 if ln.startswith("gateway_deployment_ejected{") and ln.endswith(" 1.0")]
+
+
+def test_answered_requests_leave_the_pending_queue():
+    stats = DeploymentStats(99.0)
+    for i in range(1000):
+        rec = SimpleNamespace(stream=True, t_first_ns=None, status=0)
+        stats.opened(rec, time.monotonic())
+        rec.t_first_ns = i + 1  # its first token came
+    assert len(stats.pending) == 1  # only the newest, not yet looked at again

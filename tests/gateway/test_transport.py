@@ -25,11 +25,10 @@ from tests.gateway.httpservers import EMPTY_200, read_request
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.fixture(params=TRANSPORTS)
-async def pool(request: pytest.FixtureRequest):
-    p = make_pool(request.param)
-    yield p
-    await p.close()
+@pytest.fixture
+def pool(each_pool):
+    """Every test here runs against each upstream transport."""
+    return each_pool
 
 
 async def test_reused_connection_dead_before_first_byte_is_resent_once(raw_server, pool):

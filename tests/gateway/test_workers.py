@@ -70,6 +70,11 @@ async def workers(fake, tmp_path):
                 child.kill()
 
 
+def _tcp(proc: psutil.Process) -> list:
+    """psutil >= 6 names it net_connections; 5.x connections."""
+    return (getattr(proc, "net_connections", None) or proc.connections)("tcp")
+
+
 def _worker_pids(proc: asyncio.subprocess.Process) -> set[int]:
     return {c.pid for c in psutil.Process(proc.pid).children()}
 
@@ -88,8 +93,7 @@ async def test_two_workers_serve_and_metrics_add_up(workers, fake):
     # Both workers served: each holds a kept-alive connection to the upstream.
     port = int(fake.base_url.rsplit(":", 1)[1].split("/")[0])
     serving = {pid for pid in pids
-               if any(c.raddr and c.raddr.port == port
-                      for c in psutil.Process(pid).net_connections("tcp"))}
+               if any(c.raddr and c.raddr.port == port for c in _tcp(psutil.Process(pid)))}
     assert serving == pids
     for _ in range(4):  # every scrape (landing on either worker) counts all 40
         assert await _metric_total(url, "gateway_requests_total") == 40
