@@ -5,7 +5,7 @@
 #
 #   deploy/nsight/ncu_kernels.sh [-- CMD ...]
 #
-# * the target is backend.profiling.decode_profile at batch 64 (synthetic Llama-2-7B shapes
+# * the target is benchmarks.decode_profile at batch 64 (synthetic Llama-2-7B shapes
 #   with 2 layers: the same kernels, ~1 GiB of weights instead of 13 for ncu to save and
 #   restore before every replay pass), no CUDA graphs (kernels launched one by one), no
 #   torch.profiler capture (--steps 0: CUPTI tracing and ncu exclude each other);
@@ -39,4 +39,4 @@ case "${1:-}" in
   --) exec "$HERE/ncu_attention.sh" "$@" ;;
 esac
 # shellcheck disable=SC2086  # DECODE_ARGS is split on purpose
-exec "$HERE/ncu_attention.sh" -- "$PYTHON" -m backend.profiling.decode_profile --device cuda $DECODE_ARGS "$@"
+exec "$HERE/ncu_attention.sh" -- "$PYTHON" -m benchmarks.decode_profile --device cuda $DECODE_ARGS "$@"

@@ -173,7 +173,7 @@ def test_ncu_kernels_profiles_attention_and_matmuls_at_real_clocks(fake_tools):
                         ("-o", f"{tmp}/out/kernel_table")):
         assert args[args.index(flag) + 1] == value
     target = args[args.index(sys.executable):]
-    assert target[:3] == [sys.executable, "-m", "backend.profiling.decode_profile"]
+    assert target[:3] == [sys.executable, "-m", "benchmarks.decode_profile"]
     assert "--steps" in target and target[target.index("--steps") + 1] == "0"
     assert (tmp / "out" / "kernel_table_summary.json").is_file()
     assert "FAIL  SM utilisation" in proc.stdout

@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 mkdir -p "$OUT/prof"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 "$PY" -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
-timeout 240 "$PY" -m backend.profiling.decode_profile --model synthetic:llama-2-7b \
+timeout 240 "$PY" -m benchmarks.decode_profile --model synthetic:llama-2-7b \
     --device cuda --dtype bfloat16 --batch 1 64 --prompt-tokens 128 --warmup 10 \
     --baseline 30 --steps 50 --kv-cache-memory 16 --out "$OUT/prof" 2>&1 \
     | grep -v "^USDT" | tee "$OUT/decode_profile.log"

@@ -7,7 +7,7 @@ OUT=${OUT:-runs/profiles-h200-live}
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-timeout 300 "$PY" -m loadtests.bench_profile_capture --model synthetic:llama-2-7b \
+timeout 300 "$PY" -m benchmarks.profile_capture --model synthetic:llama-2-7b \
     --backend-args "--device cuda --dtype bfloat16 --kv-cache-memory 16 --max-num-seqs 32 --max-model-len 1024" \
     --concurrency 32 --prompt-tokens 128 --output-tokens 64 --warmup 8 --seconds 12 \
     --capture-steps 50 --out "$OUT/live_capture_c32.json" 2>&1 | grep -v "^USDT" \

@@ -7,7 +7,7 @@ torch.profiler capture (StepProfiler, as POST /debug/profile does), then the res
 Writes per batch size ``profile-bB.json`` (the report, capture slowdown, GPM) and the trace
 ``profile-bB.trace.json.gz``, and prints the three numbers as a table.
 
-    python -m backend.profiling.decode_profile --model synthetic:llama-2-7b --device cuda \
+    python -m benchmarks.decode_profile --model synthetic:llama-2-7b --device cuda \
         --dtype bfloat16 --batch 1 64 --out runs/profiles
 """
 from __future__ import annotations
