@@ -4,23 +4,60 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from multidict import CIMultiDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
-def flag(v: Any) -> bool:
-    return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes")
+Fault = Literal["", "400", "401", "422", "429", "500", "502", "503", "close", "cut", "malformed",
+                "stall_first", "stall_mid", "no_usage", "hang", "step_failed"]
 
 
-OPTION_TYPES: dict[str, Callable[[Any], Any]] = {
-    "ttft_ms": float, "itl_ms": float, "tokens": int, "fault": str, "fail_times": int,
-    "retry_after": float, "cut_after": int, "stall_s": float, "keepalive": int,
-    "no_role": flag, "reasoning": int, "tool_calls": flag, "stamp": flag,
-    "tail_ms": float, "echo_auth": flag,
-}
-FAULTS = {"", "400", "422", "401", "500", "502", "503", "429", "close", "cut", "malformed", "stall_first",
-           "stall_mid", "no_usage", "hang", "step_failed"}
+class FakeOptions(BaseModel):
+    """Per-request options: the body's ``"fake": {...}`` and ``x-fake-<option>`` headers (the
+    body wins). Header values are strings; pydantic's lax mode casts them. ``None`` = the
+    server's default (FakeConfig)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_ms: float | None = Field(None, ge=0, allow_inf_nan=False)
+    itl_ms: float | None = Field(None, ge=0, allow_inf_nan=False)
+    tokens: int | None = Field(None, ge=0)
+    fault: Fault = ""
+    fail_times: int | None = Field(None, ge=0)
+    retry_after: float = Field(1.0, ge=0, allow_inf_nan=False)
+    cut_after: int = Field(2, ge=0)
+    stall_s: float = Field(3600.0, ge=0, allow_inf_nan=False)
+    keepalive: int = Field(0, ge=0)
+    no_role: bool = False
+    reasoning: int = Field(0, ge=0)
+    tool_calls: bool = False
+    stamp: bool | None = None
+    tail_ms: float = Field(0.0, ge=0, allow_inf_nan=False)
+    echo_auth: bool = False
+
+    @field_validator("fault", mode="before")
+    @classmethod
+    def _status_as_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v  # 429 -> "429"
+
+
+def parse_options(headers: Mapping[str, str], fake: Any) -> FakeOptions:
+    """FakeOptions from the request; ValueError naming the option (``fake.<name>``)."""
+    given: dict[str, Any] = {}
+    for name in FakeOptions.model_fields:
+        h = headers.get("x-fake-" + name.replace("_", "-"))
+        if h is not None:
+            given[name] = h
+    if fake is not None and not isinstance(fake, dict):
+        raise ValueError("fake: must be an object of options")
+    given.update(fake or {})
+    try:
+        return FakeOptions.model_validate(given)
+    except ValidationError as exc:
+        raise ValueError("; ".join(f"fake.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                   for e in exc.errors())) from None
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from fakeupstream.plan import (FAULTS, OPTION_TYPES, FakeConfig, Received, Stats, Plan,
+from fakeupstream.plan import (FakeConfig, Received, Stats, Plan, parse_options,
                                  prompt_tokens, sse)
 from fakeupstream.timing import (PreciseTimer, StampLog, loop_sleep_until,
                                    precise_timers_available)
@@ -161,51 +161,34 @@ class FakeUpstream:
         raise LookupError(f"no request to *{path_suffix} recorded")
 
     # ---- plan ------------------------------------------------------------------------------
-    def _options(self, request: web.Request, body: dict) -> dict[str, Any]:
-        opts: dict[str, Any] = {}
-        for name, conv in OPTION_TYPES.items():
-            h = request.headers.get("x-fake-" + name.replace("_", "-"))
-            if h is not None:
-                opts[name] = conv(h)
-        fake = body.get("fake")
-        if isinstance(fake, dict):
-            for name, value in fake.items():
-                if name not in OPTION_TYPES:
-                    raise web.HTTPBadRequest(text=f"unknown fake option {name!r}")
-                opts[name] = OPTION_TYPES[name](value)
-        fault = str(opts.get("fault", ""))
-        if fault not in FAULTS:
-            raise web.HTTPBadRequest(text=f"unknown fault {fault!r}")
-        return opts
-
     def _plan(self, request: web.Request, body: dict) -> Plan:
-        o = self._options(request, body)
+        try:
+            o = parse_options(request.headers, body.get("fake"))
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
         c = self.config
-        tokens = int(o.get("tokens", c.tokens))
+        tokens = c.tokens if o.tokens is None else o.tokens
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         finish = "stop"
         if isinstance(max_tokens, int) and 0 <= max_tokens <= tokens:
             tokens, finish = max_tokens, "length"
-        fault = str(o.get("fault", ""))
-        fail_times = o.get("fail_times")
-        if fault and fail_times is not None:
+        fault = o.fault
+        if fault and o.fail_times is not None:
             rid = request.headers.get("x-request-id", "")
             seen = self.stats.attempts_by_id.get(rid, 0) + 1
             self.stats.attempts_by_id[rid] = seen
-            if seen > fail_times:
+            if seen > o.fail_times:
                 fault = ""
         so = body.get("stream_options")
         return Plan(
-            ttft_s=float(o.get("ttft_ms", c.ttft_ms)) / 1000,
-            itl_s=float(o.get("itl_ms", c.itl_ms)) / 1000,
-            tokens=tokens, finish_reason=finish, fault=fault,
-            retry_after=float(o.get("retry_after", 1.0)),
-            cut_after=int(o.get("cut_after", 2)), stall_s=float(o.get("stall_s", 3600.0)),
-            keepalive=int(o.get("keepalive", 0)), role=not o.get("no_role", False),
-            reasoning=int(o.get("reasoning", 0)), tool_calls=bool(o.get("tool_calls", False)),
+            ttft_s=(c.ttft_ms if o.ttft_ms is None else o.ttft_ms) / 1000,
+            itl_s=(c.itl_ms if o.itl_ms is None else o.itl_ms) / 1000,
+            tokens=tokens, finish_reason=finish, fault=fault, retry_after=o.retry_after,
+            cut_after=o.cut_after, stall_s=o.stall_s, keepalive=o.keepalive, role=not o.no_role,
+            reasoning=o.reasoning, tool_calls=o.tool_calls,
             include_usage=isinstance(so, dict) and bool(so.get("include_usage")),
-            stamp=bool(o.get("stamp", c.stamp)),
-            tail_s=float(o.get("tail_ms", 0.0)) / 1000, echo_auth=bool(o.get("echo_auth")),
+            stamp=c.stamp if o.stamp is None else o.stamp,
+            tail_s=o.tail_ms / 1000, echo_auth=o.echo_auth,
         )
 
     # ---- handlers --------------------------------------------------------------------------
