@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import warnings
 from typing import Callable
 
@@ -55,14 +54,10 @@ def resolve_attention(backend: str, device: torch.device) -> str:
     if backend == "triton":
         if triton_attention is None:
             raise ValueError("attention 'triton' needs the triton package (pip install triton)")
-        if device.type != "cuda" and not _interpreting():
+        if device.type != "cuda" and not triton_attention.interpreting():
             raise ValueError("attention 'triton' on the CPU runs only under the Triton "
                              "interpreter: set TRITON_INTERPRET=1 (slow; for checking)")
     return backend
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def _probe_triton(device: torch.device, dtype: torch.dtype, kvh: int, group: int,

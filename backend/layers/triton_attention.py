@@ -23,9 +23,14 @@ no dequantised copy anywhere.
   cache after ``store_kv`` wrote it. Tiles entirely below the diagonal run without a mask.
 
 With ``TRITON_INTERPRET=1`` the same kernels run on the CPU (slowly): that is how the tests
-check them on machines without a GPU.
+check them on machines without a GPU. The interpreter's ``tl.dot`` mishandles bfloat16 and
+its float8 conversion rounds differently from the GPU, so under it the dot operands are
+widened to float32 (``UPCAST``) and the fp8 store rounds in float32 first (as it does on
+the GPU anyway).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -43,6 +48,28 @@ def _widen(x, QUANT: tl.constexpr, dtype: tl.constexpr):
     if QUANT == 2:
         return x.to(tl.float8e4nv, bitcast=True).to(dtype)
     return x.to(dtype)
+
+
+@triton.jit
+def _rint(x):
+    """Round half to even (as torch.round), from floor: the same on GPU and interpreter."""
+    f = tl.floor(x)
+    diff = x - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
+    return tl.where((diff > 0.5) | ((diff == 0.5) & odd), f + 1.0, f)
+
+
+@triton.jit
+def _round_to_e4m3(y):
+    """|y| <= 448 -> the nearest float8_e4m3fn value (ties to even), still in float32. The
+    conversion to the fp8 type then has nothing left to round (Triton's interpreter
+    rounds differently from the GPU and from torch)."""
+    a = tl.abs(y)
+    expo = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 a) for a > 0
+    expo = tl.maximum(expo, -6)  # below 2^-6 the format is subnormal: fixed 2^-9 steps
+    step = ((expo - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(expo - 3)
+    r = _rint(a / step) * step
+    return tl.where(y < 0, -r, r)
 
 
 @triton.jit
@@ -71,11 +98,9 @@ def _store_kv_kernel(
             scale = tl.maximum(tl.max(tl.abs(x), axis=1) / top, 1e-12)  # [KVH_PAD]
             y = x / scale[:, None]
             if QUANT == 1:
-                y = tl.where(y >= 0, tl.floor(y + 0.5), tl.ceil(y - 0.5))
-                y = tl.minimum(tl.maximum(y, -127.0), 127.0)
-                qv = y.to(tl.int8)
+                qv = tl.minimum(tl.maximum(_rint(y), -127.0), 127.0).to(tl.int8)
             else:
-                qv = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+                qv = _round_to_e4m3(y).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
             tl.store(dst + c * stride_cc, qv, mask=mask)
             tl.store(scale_ptr + slot * stride_ss + c * stride_sc + hs, scale, mask=hs < KVH)
 
@@ -88,7 +113,7 @@ def _decode_kernel(
         stride_ot, stride_oh,
         GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        QUANT: tl.constexpr, DOT_PREC: tl.constexpr):
+        QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -103,7 +128,8 @@ def _decode_kernel(
     heads = h * GROUP + g  # [G_PAD] query heads of this KV head's group
     q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=(g[:, None] < GROUP) & dmask[None, :], other=0.0)  # [G_PAD, HD_PAD]
-    cdt = q.dtype
+    cdt: tl.constexpr = tl.float32 if UPCAST else q.dtype
+    q = q.to(cdt)
 
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
@@ -171,7 +197,7 @@ def _prefill_kernel(
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-        DOT_PREC: tl.constexpr):
+        DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     mt = tl.program_id(0)
     c = tl.program_id(1)
     hq = tl.program_id(2)
@@ -189,7 +215,8 @@ def _prefill_kernel(
     dmask = d < HD
     q = tl.load(q_ptr + (q_start + m)[:, None].to(tl.int64) * stride_qt + hq * stride_qh
                 + d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
-    cdt = q.dtype
+    cdt: tl.constexpr = tl.float32 if UPCAST else q.dtype
+    q = q.to(cdt)
     pos = prefix + m  # [BLOCK_M] absolute positions of the queries
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -235,9 +262,14 @@ def _pad(n: int, least: int = 16) -> int:
     return max(least, triton.next_power_of_2(n))
 
 
+def interpreting() -> bool:
+    """True when TRITON_INTERPRET=1 runs the kernels on the CPU."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 models get exact products (the fp32 parity tests); tf32 would round them.
-    return "ieee" if dtype == torch.float32 else "tf32"
+    return "ieee" if dtype == torch.float32 or interpreting() else "tf32"
 
 
 def _scales(scales: torch.Tensor | None, cache: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -300,7 +332,8 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
         cache.stride(2), ss, ssc, out.stride(0), out.stride(1),
         GROUP=group, G_PAD=_pad(group), HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=QUANT_CODES[kv_cache_dtype],
-        DOT_PREC=_dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
+        DOT_PREC=_dot_precision(q.dtype), UPCAST=interpreting(), num_warps=num_warps,
+        num_stages=num_stages)
     if num_splits > 1:
         _merge_kernel[(B, H)](part_o, part_lse, out, out.stride(0), out.stride(1), HD=hd,
                               HD_PAD=hd_pad, NUM_SPLITS=num_splits, num_warps=1)
@@ -334,5 +367,5 @@ def paged_prefill(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | N
         cache.stride(2), ss, ssc, out.stride(0), out.stride(1),
         GROUP=H // kvh, HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m,
         BLOCK_N=block_n, QUANT=QUANT_CODES[kv_cache_dtype], DOT_PREC=_dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages)
+        UPCAST=interpreting(), num_warps=num_warps, num_stages=num_stages)
     return out
