@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.layers.attention import triton_attention
+from backend.layers.kv_cache import kv_storage_dtype
 
 _CHOICE_NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
 
@@ -61,31 +62,42 @@ def resolve_attention(backend: str, device: torch.device) -> str:
 
 
 def _probe_triton(device: torch.device, dtype: torch.dtype, kvh: int, group: int,
-                  hd: int) -> str:
-    """A two-token decode through the store and decode kernels on a one-block cache."""
-    cache = torch.zeros(16, 2, kvh, hd, dtype=dtype, device=device)
+                  hd: int, kv_cache_dtype: str, block_size: int) -> str:
+    """A two-token prefill and decode through every kernel on a one-block cache. On CUDA
+    every split count the engine can pick is run too: each is its own compiled kernel, and
+    compiling it here keeps the compile time out of the first steps that use it."""
+    cache = torch.zeros(block_size, 2, kvh, hd, dtype=kv_storage_dtype(kv_cache_dtype, dtype),
+                        device=device)
+    scales = None
+    if kv_cache_dtype != "auto":
+        scales = torch.zeros(block_size, 2, kvh, dtype=torch.float32, device=device)
     k = torch.randn(2, kvh, hd, dtype=dtype, device=device)
-    q = torch.randn(1, kvh * group, hd, dtype=dtype, device=device)
-    slots = torch.arange(2, device=device)
-    triton_attention.store_kv(k, k, slots, cache, None, "auto")
+    q = torch.randn(2, kvh * group, hd, dtype=dtype, device=device)
+    triton_attention.store_kv(k, k, torch.arange(2, device=device), cache, scales,
+                              kv_cache_dtype)
     out = torch.empty_like(q)
     table = torch.zeros(1, 1, dtype=torch.int32, device=device)
     lens = torch.full((1,), 2, dtype=torch.int32, device=device)
-    triton_attention.paged_decode(q, cache, None, table, lens, out, hd ** -0.5, 16, "auto", 1)
+    starts = torch.tensor([0, 2], dtype=torch.int32, device=device)
+    args = (hd ** -0.5, block_size, kv_cache_dtype)
+    triton_attention.paged_prefill(q, cache, scales, table, lens, starts, 2, out, *args)
+    for splits in (1, 2, 4, 8, 16) if device.type == "cuda" else (1,):
+        triton_attention.paged_decode(q[:1], cache, scales, table, lens, out, *args, splits)
     if not torch.isfinite(out).all():
-        raise RuntimeError("the Triton decode kernel returned non-finite values at start-up")
+        raise RuntimeError("the Triton attention kernels returned non-finite values at start-up")
     return "triton_interpreter" if device.type != "cuda" else "triton"
 
 
 def probe_attention_kernel(backend: str, device: torch.device, dtype: torch.dtype, kvh: int,
-                           group: int, hd: int
+                           group: int, hd: int, kv_cache_dtype: str = "auto",
+                           block_size: int = 16
                            ) -> tuple[str, Callable[[], contextlib.AbstractContextManager] | None]:
     """backend: triton | sdpa | math (resolved) -> (kernel name for
     EngineStats.attention_kernel, per-call SDPA context or None)."""
     if backend == "math":
         return "math", None
     if backend == "triton":
-        return _probe_triton(device, dtype, kvh, group, hd), None
+        return _probe_triton(device, dtype, kvh, group, hd, kv_cache_dtype, block_size), None
     probes = _probe_inputs(device, dtype, kvh, group, hd)
     if device.type != "cuda":
         return _cpu_choice(probes), None

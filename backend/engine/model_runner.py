@@ -75,7 +75,7 @@ class ModelRunner:
         self.attention = resolve_attention(config.attention, self.device)
         self.attention_kernel, sdpa_context = probe_attention_kernel(
             self.attention, self.device, self.dtype, cfg.num_key_value_heads, self.group,
-            cfg.head_dim)
+            cfg.head_dim, config.kv_cache_dtype, self.block_size)
         self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads,
                               cfg.head_dim, self.attention, self.kv_cache, sdpa_context)
         self.sampler = Sampler(source.tokenizer.eos_token_ids, self.device)

@@ -30,6 +30,7 @@ the GPU anyway).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -105,7 +106,9 @@ def _store_kv_kernel(
             tl.store(scale_ptr + slot * stride_ss + c * stride_sc + hs, scale, mask=hs < KVH)
 
 
-@triton.jit
+# The block-table row stride changes with the step's longest context: not specialised, so
+# a new width never triggers a recompile (a stall) mid-run.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
         q_ptr, cache_ptr, scale_ptr, bt_ptr, ctx_ptr, out_ptr, part_o_ptr, part_lse_ptr,
         qk_scale,
@@ -189,7 +192,7 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
              mask=d < HD)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
         q_ptr, cache_ptr, scale_ptr, bt_ptr, ctx_ptr, qsl_ptr, out_ptr,
         qk_scale,
@@ -299,14 +302,16 @@ def decode_splits(batch: int, kv_heads: int, max_context: int | None, device: to
     """Splits of each context so that batch x kv_heads x splits fills the GPU about twice.
     Depends on the batch only (CUDA graphs fix it per batch size), capped by the longest
     context when it is known (no split without a tile to work on)."""
-    if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        sms = 2
+    sms = _multiprocessors(device) if device.type == "cuda" else 2
     splits = min(16, triton.next_power_of_2(-(-2 * sms // (batch * kv_heads))))
     if max_context is not None:
         splits = min(splits, triton.next_power_of_2(-(-max_context // block_n)))
     return max(1, splits)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | None,
