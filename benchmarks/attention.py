@@ -72,6 +72,20 @@ def _paged(batch: int, ctx: int, kind: str, gen: torch.Generator):
     return cache, scales, tables
 
 
+_SWEEP_SHAPES = ((1, 512), (64, 512), (64, 4096), (1, 32768))
+
+
+def _decode_configs(batch: int, ctx: int, splits: int, sweep: bool) -> list[dict]:
+    """The engine's defaults first; with sweep, other tiles, warps, dot use and splits."""
+    configs = [dict(num_splits=splits)]
+    if sweep and (batch, ctx) in _SWEEP_SHAPES:
+        configs += [dict(num_splits=splits, block_n=bn, num_warps=w, use_dot=dot)
+                    for bn in (64, 128) for w in (4, 8) for dot in (True, False)]
+        configs += [dict(num_splits=sp) for sp in (splits // 4, splits // 2, splits * 2)
+                    if 1 <= sp <= 64 and sp != splits]
+    return configs
+
+
 def bench_decode(batches: list[int], contexts: list[int], kinds: list[str],
                  sweep: bool) -> list[dict]:
     gen = torch.Generator(device=DEV).manual_seed(0)
@@ -84,23 +98,19 @@ def bench_decode(batches: list[int], contexts: list[int], kinds: list[str],
                 q = torch.randn(batch, H, HD, dtype=torch.bfloat16, device=DEV, generator=gen)
                 out = torch.empty_like(q)
                 splits = triton_attention.decode_splits(batch, KVH, ctx, DEV)
-                configs = [dict(block_n=64, num_warps=4, num_stages=2)]
-                if sweep and (batch, ctx) in ((64, 4096), (1, 32768), (8, 4096)):
-                    configs += [dict(block_n=bn, num_warps=w, num_stages=s)
-                                for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3)
-                                if (bn, w, s) != (64, 4, 2)]
                 elem = cache.element_size()
                 read = batch * ctx * 2 * KVH * (HD * elem + (4 if scales is not None else 0))
-                for cfg in configs:
-                    for sp in sorted({splits, max(1, splits // 2), splits * 2}) if sweep and \
-                            len(configs) > 1 and cfg == configs[0] else [splits]:
-                        fn = lambda: triton_attention.paged_decode(  # noqa: E731
-                            q, cache, scales, tables, lens, out, HD ** -0.5, BS, kind, sp,
-                            **cfg)
-                        ms = triton.testing.do_bench(fn, warmup=20, rep=100)
-                        rows.append({"kv": kind, "batch": batch, "context": ctx, "splits": sp,
-                                     **cfg, "us": ms * 1e3, "kv_bytes": read,
-                                     "gb_s": read / (ms * 1e-3) / 1e9})
+                for i, cfg in enumerate(_decode_configs(batch, ctx, splits, sweep)):
+                    fn = lambda: triton_attention.paged_decode(  # noqa: E731
+                        q, cache, scales, tables, lens, out, HD ** -0.5, BS, kind, **cfg)
+                    ms = triton.testing.do_bench(fn, warmup=10, rep=50)
+                    row = {"kv": kind, "batch": batch, "context": ctx, "default": i == 0,
+                           **cfg, "us": ms * 1e3, "kv_bytes": read,
+                           "gb_s": read / (ms * 1e-3) / 1e9}
+                    if i == 0 and read < 2**25:  # small: launch-bound; also inside a graph
+                        row["us_in_cuda_graph_l2_warm"] = \
+                            triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+                    rows.append(row)
                 del cache, scales
                 torch.cuda.empty_cache()
     return rows
@@ -237,22 +247,42 @@ def bench_engine(attention: str, long_context: bool) -> dict:
     return res
 
 
+def bench_engine_kv(kinds: list[str]) -> dict:
+    """ms per decode step at batch 32, context about 4k, by KV cache dtype (triton): the
+    engine-level view of the quantised decode (64 x 4k would not fit a bf16 cache)."""
+    source = synthetic_source("llama-2-7b")
+    res = {}
+    for kind in kinds:
+        engine = LLMEngine(EngineConfig(
+            device="cuda", dtype="bfloat16", attention="triton", enable_prefix_caching=False,
+            kv_cache_memory_gib=72, max_model_len=4160, max_num_seqs=32,
+            kv_cache_dtype=kind), source)
+        res[kind] = _decode_ms(engine, 32, 4032, 64, 4)
+        del engine
+        torch.cuda.empty_cache()
+    return res
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time other tile configs")
     ap.add_argument("--engine-backends", default="triton,sdpa")
+    ap.add_argument("--decode-only", action="store_true")
     args = ap.parse_args(argv)
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "triton": triton.__version__, "date": time.strftime("%Y-%m-%d %H:%M")}
     res["copy_gb_s"] = copy_bandwidth() / 1e9
     res["decode"] = bench_decode([1, 8, 64], [512, 4096, 32768],
                                  ["auto", "int8", "fp8_e4m3"], args.sweep)
-    res["prefill"] = bench_prefill([(1, 512), (8, 512), (1, 4096), (4, 4096)], args.sweep)
-    if not args.skip_engine:
+    res["prefill"] = [] if args.decode_only else bench_prefill(
+        [(1, 512), (8, 512), (1, 4096), (4, 4096)], args.sweep)
+    if not (args.skip_engine or args.decode_only):
         res["engine"] = {b: bench_engine(b, long_context=b == "triton")
                          for b in args.engine_backends.split(",") if b}
+        res["engine_step_ms_batch32_ctx4k_by_kv"] = bench_engine_kv(
+            ["auto", "int8", "fp8_e4m3"])
     emit_json(res, args.json)
     _summary(res)
 
@@ -261,10 +291,11 @@ def _summary(res: dict) -> None:
     copy = res["copy_gb_s"]
     print(f"copy {copy:.0f} GB/s")
     for r in res["decode"]:
-        if r["num_warps"] == 4 and r["block_n"] == 64:
-            print(f"decode {r['kv']:9s} B={r['batch']:3d} ctx={r['context']:6d} "
-                  f"splits={r['splits']:2d} {r['us']:9.1f} us {r['gb_s']:7.0f} GB/s "
-                  f"({r['gb_s'] / copy:.0%} of copy)")
+        extra = {k: r[k] for k in ("block_n", "num_warps", "use_dot") if k in r}
+        print(f"decode {r['kv']:9s} B={r['batch']:3d} ctx={r['context']:6d} "
+              f"splits={r['num_splits']:2d} {r['us']:9.1f} us {r['gb_s']:7.0f} GB/s "
+              f"({r['gb_s'] / copy:.0%} of copy) {extra or ''} "
+              f"{r.get('us_in_cuda_graph_l2_warm', '')}")
     for r in res["prefill"]:
         print(f"prefill {r['impl']:13s} {r['seqs']}x{r['tokens']} {r['us']:9.1f} us "
               f"{r['tflop_s']:6.1f} TFLOP/s {r.get('block_m', '')} {r.get('block_n', '')}")

@@ -41,6 +41,10 @@ QUANT_CODES = {"auto": 0, "int8": 1, "fp8_e4m3": 2}
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0
 _LOG2E = 1.4426950408889634
+# Decode tiles (tokens per loop iteration) by cache dtype, and the smallest GQA group whose
+# query rows go through tl.dot; measured on an H200 (docs/BENCHMARKS.md).
+DECODE_BLOCK_N = {"auto": 64, "int8": 128, "fp8_e4m3": 128}
+DOT_MIN_GROUP = 4
 
 
 @triton.jit
@@ -116,7 +120,8 @@ def _decode_kernel(
         stride_ot, stride_oh,
         GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+        QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+        USE_DOT: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -131,7 +136,8 @@ def _decode_kernel(
     heads = h * GROUP + g  # [G_PAD] query heads of this KV head's group
     q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=(g[:, None] < GROUP) & dmask[None, :], other=0.0)  # [G_PAD, HD_PAD]
-    cdt: tl.constexpr = tl.float32 if UPCAST else q.dtype
+    # without tl.dot (small groups): float32 products reduced in registers
+    cdt: tl.constexpr = tl.float32 if UPCAST or not USE_DOT else q.dtype
     q = q.to(cdt)
 
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
@@ -147,7 +153,11 @@ def _decode_kernel(
         lmask = nmask[:, None] & dmask[None, :]
         k = _widen(tl.load(cache_ptr + kv_off, mask=lmask, other=0), QUANT, cdt)
         v = _widen(tl.load(cache_ptr + kv_off + stride_cc, mask=lmask, other=0), QUANT, cdt)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [G_PAD, BLOCK_N]
+        if USE_DOT:
+            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [G_PAD, BLOCK_N]
+        else:
+            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        scores *= qk_scale
         if QUANT != 0:
             sc_off = slot * stride_ss + h
             scores *= tl.load(scale_ptr + sc_off, mask=nmask, other=0.0)[None, :]
@@ -158,7 +168,11 @@ def _decode_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if QUANT != 0:
             p *= tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(cdt), v, input_precision=DOT_PREC)
+        if USE_DOT:
+            pv = tl.dot(p.to(cdt), v, input_precision=DOT_PREC)
+        else:
+            pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [G_PAD, HD_PAD]
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -317,13 +331,19 @@ def _multiprocessors(device: torch.device) -> int:
 def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | None,
                  block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor,
                  scale: float, block_size: int, kv_cache_dtype: str, num_splits: int,
-                 block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                 block_n: int | None = None, num_warps: int = 4, num_stages: int = 2,
+                 use_dot: bool | None = None) -> torch.Tensor:
     """q: [B, H, hd]; block_tables: [B, W] int32; context_lens: [B] int32 (>= 1);
     out: [B, H, hd] (written). One KV head's query group per program; num_splits a power
-    of two."""
+    of two. use_dot: the group's rows through tl.dot (None: for groups of 4 and more;
+    smaller groups would pad the dot's 16 rows mostly with zeros)."""
     B, H, hd = q.shape
     kvh = cache.shape[2]
     group = H // kvh
+    if use_dot is None:
+        use_dot = group >= DOT_MIN_GROUP
+    if block_n is None:
+        block_n = DECODE_BLOCK_N[kv_cache_dtype]
     hd_pad = _pad(hd)
     sc, ss, ssc = _scales(scales, cache)
     if num_splits > 1:
@@ -335,10 +355,10 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
         q, cache, sc, block_tables, context_lens, out, part_o, part_lse, scale * _LOG2E,
         q.stride(0), q.stride(1), block_tables.stride(0), cache.stride(0), cache.stride(1),
         cache.stride(2), ss, ssc, out.stride(0), out.stride(1),
-        GROUP=group, G_PAD=_pad(group), HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=QUANT_CODES[kv_cache_dtype],
-        DOT_PREC=_dot_precision(q.dtype), UPCAST=interpreting(), num_warps=num_warps,
-        num_stages=num_stages)
+        GROUP=group, G_PAD=_pad(group, 16 if use_dot else 1), HD=hd, HD_PAD=hd_pad,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        QUANT=QUANT_CODES[kv_cache_dtype], DOT_PREC=_dot_precision(q.dtype),
+        UPCAST=interpreting(), USE_DOT=use_dot, num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _merge_kernel[(B, H)](part_o, part_lse, out, out.stride(0), out.stride(1), HD=hd,
                               HD_PAD=hd_pad, NUM_SPLITS=num_splits, num_warps=1)
