@@ -70,7 +70,7 @@ def _probe_triton(device: torch.device, dtype: torch.dtype, kvh: int, group: int
                         device=device)
     scales = None
     if kv_cache_dtype != "auto":
-        scales = torch.zeros(block_size, 2, kvh, dtype=torch.float32, device=device)
+        scales = torch.zeros(2, kvh, block_size, dtype=torch.float32, device=device)
     k = torch.randn(2, kvh, hd, dtype=dtype, device=device)
     q = torch.randn(2, kvh * group, hd, dtype=dtype, device=device)
     triton_attention.store_kv(k, k, torch.arange(2, device=device), cache, scales,

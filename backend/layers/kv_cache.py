@@ -5,7 +5,9 @@ token position of one block; index 0 of the third dim is K, 1 is V. Keeping K an
 side lets one ``index_select`` read both, and the Triton kernels load a token's K and V
 rows from neighbouring addresses.
 
-Quantised dtypes keep a float32 scale per (token, K/V, head) beside the blocks:
+Quantised dtypes keep a float32 scale per (token, K/V, head) beside the blocks, laid out
+``[num_layers, 2, num_kv_heads, slots]`` so that the scales of one head's consecutive
+tokens are adjacent (the attention kernels load a tile's scales in one coalesced read):
 - int8: symmetric, scale = amax / 127, values rounded and clamped to [-127, 127];
 - fp8_e4m3: scale = amax / 448 (the format's largest finite value), stored as uint8 bits
   because index_copy_/index_select are not implemented for float8 on every backend.
@@ -54,7 +56,7 @@ class KVCache:
                                 dtype=storage, device=device)
         self.scales = None
         if kv_cache_dtype != "auto":
-            self.scales = torch.zeros(num_layers, slots, 2, num_kv_heads,
+            self.scales = torch.zeros(num_layers, 2, num_kv_heads, slots,
                                       dtype=torch.float32, device=device)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -65,16 +67,21 @@ class KVCache:
                 continue
             q, scale = quantise(x, self.kv_cache_dtype)
             self.data[layer, :, c].index_copy_(0, slots, q)
-            self.scales[layer, :, c].index_copy_(0, slots, scale)
+            self.scales[layer, c].index_copy_(1, slots, scale.t())  # [kvh, slots]
 
     def gather(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
         """idx: [...] long slot indices -> [..., 2, kvh, hd] in the model dtype."""
         flat = idx.reshape(-1)
         kv = self.data[layer].index_select(0, flat)
         if self.scales is not None:
-            kv = dequantise(kv, self.scales[layer].index_select(0, flat),
-                             self.kv_cache_dtype, self.model_dtype)
+            kv = dequantise(kv, self.scales_at(layer, flat), self.kv_cache_dtype,
+                            self.model_dtype)
         return kv.view(*idx.shape, *kv.shape[1:])
+
+
+    def scales_at(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """slots: [N] long -> [N, 2, kvh] float32 scales."""
+        return self.scales[layer].index_select(2, slots).permute(2, 0, 1)
 
 
 def quantise(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,10 +41,9 @@ QUANT_CODES = {"auto": 0, "int8": 1, "fp8_e4m3": 2}
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0
 _LOG2E = 1.4426950408889634
-# Decode tiles (tokens per loop iteration) by cache dtype, and the smallest GQA group whose
-# query rows go through tl.dot; measured on an H200 (docs/BENCHMARKS.md).
+# Decode tiles (tokens per loop iteration) by cache dtype: the fastest of 64/128 on an
+# H200 (docs/BENCHMARKS.md).
 DECODE_BLOCK_N = {"auto": 64, "int8": 128, "fp8_e4m3": 128}
-DOT_MIN_GROUP = 4
 
 
 @triton.jit
@@ -81,7 +80,7 @@ def _round_to_e4m3(y):
 def _store_kv_kernel(
         k_ptr, v_ptr, slot_ptr, cache_ptr, scale_ptr,
         stride_kt, stride_kh, stride_vt, stride_vh,
-        stride_cs, stride_cc, stride_ch, stride_ss, stride_sc,
+        stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
         KVH: tl.constexpr, HD: tl.constexpr, KVH_PAD: tl.constexpr, HD_PAD: tl.constexpr,
         QUANT: tl.constexpr):
     t = tl.program_id(0)
@@ -107,7 +106,7 @@ def _store_kv_kernel(
             else:
                 qv = _round_to_e4m3(y).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
             tl.store(dst + c * stride_cc, qv, mask=mask)
-            tl.store(scale_ptr + slot * stride_ss + c * stride_sc + hs, scale, mask=hs < KVH)
+            tl.store(scale_ptr + c * stride_sc + hs * stride_sh + slot, scale, mask=hs < KVH)
 
 
 # The block-table row stride changes with the step's longest context: not specialised, so
@@ -116,12 +115,11 @@ def _store_kv_kernel(
 def _decode_kernel(
         q_ptr, cache_ptr, scale_ptr, bt_ptr, ctx_ptr, out_ptr, part_o_ptr, part_lse_ptr,
         qk_scale,
-        stride_qt, stride_qh, stride_bt, stride_cs, stride_cc, stride_ch, stride_ss, stride_sc,
+        stride_qt, stride_qh, stride_bt, stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-        USE_DOT: tl.constexpr):
+        QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -136,8 +134,7 @@ def _decode_kernel(
     heads = h * GROUP + g  # [G_PAD] query heads of this KV head's group
     q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=(g[:, None] < GROUP) & dmask[None, :], other=0.0)  # [G_PAD, HD_PAD]
-    # without tl.dot (small groups): float32 products reduced in registers
-    cdt: tl.constexpr = tl.float32 if UPCAST or not USE_DOT else q.dtype
+    cdt: tl.constexpr = tl.float32 if UPCAST else q.dtype
     q = q.to(cdt)
 
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
@@ -153,13 +150,9 @@ def _decode_kernel(
         lmask = nmask[:, None] & dmask[None, :]
         k = _widen(tl.load(cache_ptr + kv_off, mask=lmask, other=0), QUANT, cdt)
         v = _widen(tl.load(cache_ptr + kv_off + stride_cc, mask=lmask, other=0), QUANT, cdt)
-        if USE_DOT:
-            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [G_PAD, BLOCK_N]
-        else:
-            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
-        scores *= qk_scale
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [G_PAD, BLOCK_N]
         if QUANT != 0:
-            sc_off = slot * stride_ss + h
+            sc_off = h * stride_sh + slot  # a tile's scales: contiguous within a block
             scores *= tl.load(scale_ptr + sc_off, mask=nmask, other=0.0)[None, :]
         scores = tl.where(nmask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -168,11 +161,7 @@ def _decode_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if QUANT != 0:
             p *= tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)[None, :]
-        if USE_DOT:
-            pv = tl.dot(p.to(cdt), v, input_precision=DOT_PREC)
-        else:
-            pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [G_PAD, HD_PAD]
-        acc = acc * alpha[:, None] + pv
+        acc = acc * alpha[:, None] + tl.dot(p.to(cdt), v, input_precision=DOT_PREC)
         m_i = m_new
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -210,7 +199,7 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
 def _prefill_kernel(
         q_ptr, cache_ptr, scale_ptr, bt_ptr, ctx_ptr, qsl_ptr, out_ptr,
         qk_scale,
-        stride_qt, stride_qh, stride_bt, stride_cs, stride_cc, stride_ch, stride_ss, stride_sc,
+        stride_qt, stride_qh, stride_bt, stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
@@ -255,7 +244,7 @@ def _prefill_kernel(
         v = _widen(tl.load(cache_ptr + kv_off + stride_cc, mask=lmask, other=0), QUANT, cdt)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BM, BN]
         if QUANT != 0:
-            sc_off = slot * stride_ss + hk
+            sc_off = hk * stride_sh + slot
             scores *= tl.load(scale_ptr + sc_off, mask=nmask, other=0.0)[None, :]
         if diag:
             visible = (n[None, :] <= pos[:, None]) & nmask[None, :]
@@ -290,7 +279,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 def _scales(scales: torch.Tensor | None, cache: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """(scale tensor or a dummy, slot stride, K/V stride) for one layer."""
+    """(scale tensor or a dummy, K/V stride, head stride) of one layer's [2, kvh, slots]."""
     if scales is None:
         return cache, 0, 0
     return scales, scales.stride(0), scales.stride(1)
@@ -299,14 +288,14 @@ def _scales(scales: torch.Tensor | None, cache: torch.Tensor) -> tuple[torch.Ten
 def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
              scales: torch.Tensor | None, kv_cache_dtype: str) -> None:
     """k, v: [T, kvh, hd] (any row stride); slots: [T]; cache: one layer's
-    [slots, 2, kvh, hd]; scales: [slots, 2, kvh] float32 or None."""
+    [slots, 2, kvh, hd]; scales: [2, kvh, slots] float32 or None."""
     T, kvh, hd = k.shape
     if T == 0:
         return
-    sc, ss, ssc = _scales(scales, cache)
+    sc, ssc, ssh = _scales(scales, cache)
     _store_kv_kernel[(T,)](
         k, v, slots, cache, sc, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        cache.stride(0), cache.stride(1), cache.stride(2), ss, ssc,
+        cache.stride(0), cache.stride(1), cache.stride(2), ssc, ssh,
         KVH=kvh, HD=hd, KVH_PAD=triton.next_power_of_2(kvh), HD_PAD=triton.next_power_of_2(hd),
         QUANT=QUANT_CODES[kv_cache_dtype], num_warps=4 if kvh * hd >= 2048 else 1)
 
@@ -331,21 +320,19 @@ def _multiprocessors(device: torch.device) -> int:
 def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | None,
                  block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor,
                  scale: float, block_size: int, kv_cache_dtype: str, num_splits: int,
-                 block_n: int | None = None, num_warps: int = 4, num_stages: int = 2,
-                 use_dot: bool | None = None) -> torch.Tensor:
+                 block_n: int | None = None, num_warps: int = 4,
+                 num_stages: int = 2) -> torch.Tensor:
     """q: [B, H, hd]; block_tables: [B, W] int32; context_lens: [B] int32 (>= 1);
-    out: [B, H, hd] (written). One KV head's query group per program; num_splits a power
-    of two. use_dot: the group's rows through tl.dot (None: for groups of 4 and more;
-    smaller groups would pad the dot's 16 rows mostly with zeros)."""
+    out: [B, H, hd] (written). One KV head's query group per program (padded to the 16 rows
+    tl.dot needs: decode is bound by the K/V reads, not by the products); num_splits a
+    power of two."""
     B, H, hd = q.shape
     kvh = cache.shape[2]
     group = H // kvh
-    if use_dot is None:
-        use_dot = group >= DOT_MIN_GROUP
     if block_n is None:
         block_n = DECODE_BLOCK_N[kv_cache_dtype]
     hd_pad = _pad(hd)
-    sc, ss, ssc = _scales(scales, cache)
+    sc, ssc, ssh = _scales(scales, cache)
     if num_splits > 1:
         part_o = torch.empty(B, H, num_splits, hd_pad, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
@@ -354,11 +341,11 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
     _decode_kernel[(B, kvh, num_splits)](
         q, cache, sc, block_tables, context_lens, out, part_o, part_lse, scale * _LOG2E,
         q.stride(0), q.stride(1), block_tables.stride(0), cache.stride(0), cache.stride(1),
-        cache.stride(2), ss, ssc, out.stride(0), out.stride(1),
-        GROUP=group, G_PAD=_pad(group, 16 if use_dot else 1), HD=hd, HD_PAD=hd_pad,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        QUANT=QUANT_CODES[kv_cache_dtype], DOT_PREC=_dot_precision(q.dtype),
-        UPCAST=interpreting(), USE_DOT=use_dot, num_warps=num_warps, num_stages=num_stages)
+        cache.stride(2), ssc, ssh, out.stride(0), out.stride(1),
+        GROUP=group, G_PAD=_pad(group), HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size,
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=QUANT_CODES[kv_cache_dtype],
+        DOT_PREC=_dot_precision(q.dtype), UPCAST=interpreting(), num_warps=num_warps,
+        num_stages=num_stages)
     if num_splits > 1:
         _merge_kernel[(B, H)](part_o, part_lse, out, out.stride(0), out.stride(1), HD=hd,
                               HD_PAD=hd_pad, NUM_SPLITS=num_splits, num_warps=1)
@@ -384,12 +371,12 @@ def paged_prefill(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | N
         block_n = 64 if hd_pad <= 128 or not q.is_cuda else 32
     if num_warps is None:
         num_warps = 8 if block_m >= 128 else 4
-    sc, ss, ssc = _scales(scales, cache)
+    sc, ssc, ssh = _scales(scales, cache)
     grid = (triton.cdiv(max_query_len, block_m), C, H)
     _prefill_kernel[grid](
         q, cache, sc, block_tables, context_lens, query_start_loc, out, scale * _LOG2E,
         q.stride(0), q.stride(1), block_tables.stride(0), cache.stride(0), cache.stride(1),
-        cache.stride(2), ss, ssc, out.stride(0), out.stride(1),
+        cache.stride(2), ssc, ssh, out.stride(0), out.stride(1),
         GROUP=H // kvh, HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m,
         BLOCK_N=block_n, QUANT=QUANT_CODES[kv_cache_dtype], DOT_PREC=_dot_precision(q.dtype),
         UPCAST=interpreting(), num_warps=num_warps, num_stages=num_stages)
