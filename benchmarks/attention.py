@@ -1,7 +1,8 @@
 """GPU attention benchmark: our Triton paged kernels against the hardware and SDPA flash,
 then the engine (LLMEngine driven directly) on synthetic Llama-2-7B shapes, in one run.
 
-    python -m benchmarks.attention [--json PATH] [--skip-engine] [--sweep]
+    python -m benchmarks.attention [--json PATH] [--sections decode,prefill,engine,engine_kv]
+                                   [--sweep]
 
 1. Copy bandwidth: a 4 GiB device-to-device copy, (read + written bytes) / time.
 2. Paged decode (one layer, 32 query / 32 KV heads, head_dim 128, block 16, scrambled
@@ -15,11 +16,13 @@ then the engine (LLMEngine driven directly) on synthetic Llama-2-7B shapes, in o
    prompts, 64 new tokens, context about 544), TTFT of one 512-token prompt, ms per decode
    step at batch 32 / context 512 with max_model_len 1k and 32k, and the slowest step over
    the median of the steps with the same token count; for the triton and sdpa backends.
+5. Engine ms per decode step at batch 32, context about 4k, bf16 against int8 KV (triton).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import time
 from pathlib import Path
@@ -256,51 +259,70 @@ def bench_engine_kv(kinds: list[str]) -> dict:
     for kind in kinds:
         engine = LLMEngine(EngineConfig(
             device="cuda", dtype="bfloat16", attention="triton", enable_prefix_caching=False,
-            kv_cache_memory_gib=72, max_model_len=4160, max_num_seqs=32,
+            kv_cache_memory_gib=72, max_model_len=4096, max_num_seqs=32,
             kv_cache_dtype=kind), source)
-        res[kind] = _decode_ms(engine, 32, 4032, 64, 4)
+        res[kind] = _decode_ms(engine, 32, 4000, 64, 4)
         del engine
         torch.cuda.empty_cache()
     return res
 
 
+SECTIONS = ("decode", "prefill", "engine", "engine_kv")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated subset of {', '.join(SECTIONS)}")
     ap.add_argument("--sweep", action="store_true", help="also time other tile configs")
     ap.add_argument("--engine-backends", default="triton,sdpa")
-    ap.add_argument("--decode-only", action="store_true")
     args = ap.parse_args(argv)
+    sections = set(args.sections.split(","))
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "triton": triton.__version__, "date": time.strftime("%Y-%m-%d %H:%M")}
     res["copy_gb_s"] = copy_bandwidth() / 1e9
-    res["decode"] = bench_decode([1, 8, 64], [512, 4096, 32768],
-                                 ["auto", "int8", "fp8_e4m3"], args.sweep)
-    res["prefill"] = [] if args.decode_only else bench_prefill(
-        [(1, 512), (8, 512), (1, 4096), (4, 4096)], args.sweep)
-    if not (args.skip_engine or args.decode_only):
-        res["engine"] = {b: bench_engine(b, long_context=b == "triton")
-                         for b in args.engine_backends.split(",") if b}
+    # each section is saved as soon as it is done: a later failure keeps the earlier ones
+    if "decode" in sections:
+        res["decode"] = bench_decode([1, 8, 64], [512, 4096, 32768],
+                                     ["auto", "int8", "fp8_e4m3"], args.sweep)
+        _save(res, args.json)
+    if "prefill" in sections:
+        res["prefill"] = bench_prefill([(1, 512), (8, 512), (1, 4096), (4, 4096)], args.sweep)
+        _save(res, args.json)
+    if "engine" in sections:
+        res["engine"] = {}
+        for b in args.engine_backends.split(","):
+            res["engine"][b] = bench_engine(b, long_context=b == "triton")
+            _save(res, args.json)
+    if "engine_kv" in sections:
         res["engine_step_ms_batch32_ctx4k_by_kv"] = bench_engine_kv(["auto", "int8"])
     emit_json(res, args.json)
     _summary(res)
 
 
+def _save(res: dict, path: Path | None) -> None:
+    if path:
+        path.write_text(json.dumps(res, indent=2) + "\n")
+
+
 def _summary(res: dict) -> None:
     copy = res["copy_gb_s"]
     print(f"copy {copy:.0f} GB/s")
-    for r in res["decode"]:
+    for r in res.get("decode", []):
         extra = {k: r[k] for k in ("block_n", "num_warps") if k in r}
         print(f"decode {r['kv']:9s} B={r['batch']:3d} ctx={r['context']:6d} "
               f"splits={r['num_splits']:2d} {r['us']:9.1f} us {r['gb_s']:7.0f} GB/s "
               f"({r['gb_s'] / copy:.0%} of copy) {extra or ''} "
               f"{r.get('us_in_cuda_graph_l2_warm', '')}")
-    for r in res["prefill"]:
+    for r in res.get("prefill", []):
         print(f"prefill {r['impl']:13s} {r['seqs']}x{r['tokens']} {r['us']:9.1f} us "
               f"{r['tflop_s']:6.1f} TFLOP/s {r.get('block_m', '')} {r.get('block_n', '')}")
     for b, e in res.get("engine", {}).items():
         print(b, {k: v for k, v in e.items() if not isinstance(v, (list, dict))})
+    if "engine_step_ms_batch32_ctx4k_by_kv" in res:
+        print("engine ms/step batch 32 ctx 4k by KV dtype",
+              res["engine_step_ms_batch32_ctx4k_by_kv"])
 
 
 if __name__ == "__main__":
