@@ -20,7 +20,8 @@ no dequantised copy anywhere.
 - ``paged_prefill``: causal attention for every prefill chunk of a step in one launch.
   Grid (query tile, chunk, query head); keys are the chunk's cached prefix (prefix-cache
   hits included, from any offset in a block) plus the chunk itself, read back from the
-  cache after ``store_kv`` wrote it. Tiles entirely below the diagonal run without a mask.
+  cache after ``store_kv`` wrote it. Both attention kernels share the tile load
+  (``_kv_tile``) and the online-softmax step (``_attend_tile``).
 
 With ``TRITON_INTERPRET=1`` the same kernels run on the CPU (slowly): that is how the tests
 check them on machines without a GPU. The interpreter's ``tl.dot`` mishandles bfloat16 and
@@ -52,6 +53,41 @@ def _widen(x, QUANT: tl.constexpr, dtype: tl.constexpr):
     if QUANT == 2:
         return x.to(tl.float8e4nv, bitcast=True).to(dtype)
     return x.to(dtype)
+
+
+@triton.jit
+def _kv_tile(cache_ptr, bt_row, n, nmask, head, d, dmask, stride_cs, stride_cc, stride_ch,
+             BLOCK_SIZE: tl.constexpr, QUANT: tl.constexpr, cdt: tl.constexpr):
+    """K and V rows [BLOCK_N, HD_PAD] of positions n (through the block table, widened to
+    cdt) and their slots [BLOCK_N]."""
+    page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+    slot = page * BLOCK_SIZE + n % BLOCK_SIZE
+    kv_off = slot[:, None] * stride_cs + head * stride_ch + d[None, :]
+    lmask = nmask[:, None] & dmask[None, :]
+    k = _widen(tl.load(cache_ptr + kv_off, mask=lmask, other=0), QUANT, cdt)
+    v = _widen(tl.load(cache_ptr + kv_off + stride_cc, mask=lmask, other=0), QUANT, cdt)
+    return k, v, slot
+
+
+@triton.jit
+def _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale, scale_ptr, head,
+                 stride_sc, stride_sh, QUANT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One online-softmax step (base 2) of the rows q [M, HD_PAD] over one K/V tile;
+    visible [M, BLOCK_N] masks keys. Quantised: K scales multiply the scores, V scales the
+    probabilities (a tile's scales are contiguous within a block)."""
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [M, BLOCK_N]
+    sc_off = head * stride_sh + slot
+    if QUANT != 0:
+        scores *= tl.load(scale_ptr + sc_off, mask=nmask, other=0.0)[None, :]
+    scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if QUANT != 0:
+        p *= tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)[None, :]
+    acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -144,25 +180,11 @@ def _decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < end
-        page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-        slot = page * BLOCK_SIZE + n % BLOCK_SIZE  # [BLOCK_N]
-        kv_off = slot[:, None] * stride_cs + h * stride_ch + d[None, :]
-        lmask = nmask[:, None] & dmask[None, :]
-        k = _widen(tl.load(cache_ptr + kv_off, mask=lmask, other=0), QUANT, cdt)
-        v = _widen(tl.load(cache_ptr + kv_off + stride_cc, mask=lmask, other=0), QUANT, cdt)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [G_PAD, BLOCK_N]
-        if QUANT != 0:
-            sc_off = h * stride_sh + slot  # a tile's scales: contiguous within a block
-            scores *= tl.load(scale_ptr + sc_off, mask=nmask, other=0.0)[None, :]
-        scores = tl.where(nmask[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if QUANT != 0:
-            p *= tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(cdt), v, input_precision=DOT_PREC)
-        m_i = m_new
+        k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, h, d, dmask, stride_cs, stride_cc,
+                              stride_ch, BLOCK_SIZE, QUANT, cdt)
+        m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, nmask[None, :], m_i, l_i, acc,
+                                     qk_scale, scale_ptr, h, stride_sc, stride_sh, QUANT,
+                                     DOT_PREC)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -229,34 +251,16 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
     bt_row = bt_ptr + c.to(tl.int64) * stride_bt
-    # keys every query of the tile sees: [0, prefix + m0), whole tiles without a mask
-    full_end = tl.where(live, ((prefix + m0) // BLOCK_N) * BLOCK_N, 0)
+    # keys up to the tile's last query; none past the chunk's end tile
     diag_end = tl.where(live, tl.minimum(ctx, prefix + m0 + BLOCK_M), 0)
     for n0 in range(0, diag_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        diag = n0 >= full_end
         nmask = n < diag_end
-        page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-        slot = page * BLOCK_SIZE + n % BLOCK_SIZE
-        kv_off = slot[:, None] * stride_cs + hk * stride_ch + d[None, :]
-        lmask = nmask[:, None] & dmask[None, :]
-        k = _widen(tl.load(cache_ptr + kv_off, mask=lmask, other=0), QUANT, cdt)
-        v = _widen(tl.load(cache_ptr + kv_off + stride_cc, mask=lmask, other=0), QUANT, cdt)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BM, BN]
-        if QUANT != 0:
-            sc_off = hk * stride_sh + slot
-            scores *= tl.load(scale_ptr + sc_off, mask=nmask, other=0.0)[None, :]
-        if diag:
-            visible = (n[None, :] <= pos[:, None]) & nmask[None, :]
-            scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if QUANT != 0:
-            p *= tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(cdt), v, input_precision=DOT_PREC)
-        m_i = m_new
+        k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, hk, d, dmask, stride_cs,
+                              stride_cc, stride_ch, BLOCK_SIZE, QUANT, cdt)
+        visible = (n[None, :] <= pos[:, None]) & nmask[None, :]  # causal  [BM, BN]
+        m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale,
+                                     scale_ptr, hk, stride_sc, stride_sh, QUANT, DOT_PREC)
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q_start + m)[:, None].to(tl.int64) * stride_ot + hq * stride_oh

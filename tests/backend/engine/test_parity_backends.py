@@ -15,7 +15,7 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.layers.attention import triton_attention
-from tests.backend.tiny_models import hf_greedy
+from tests.backend.tiny_models import hf_greedy, run_alone
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ["sdpa", "math"] + (["triton"] if triton_attention is not None else [])
@@ -35,7 +35,7 @@ def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def references(tiny_llama) -> dict:
+def references() -> dict:
     """Greedy continuations from transformers, computed once per prompt."""
     return {}
 
@@ -75,12 +75,7 @@ def test_prefix_hit_and_preemption_match_transformers(attention: str, tiny_llama
     a, b = shared + [5, 6, 7], shared + [9, 10, 11, 12]
     engine = _engine(tiny_source, attention)
     assert engine.generate([a], GREEDY)[0] == _reference(tiny_llama, references, a, 6)
-    engine.add_request("b", b, GREEDY)
-    tokens, cached = [], None
-    while engine.has_unfinished():
-        for o in engine.step():
-            tokens.extend(o.new_token_ids)
-            cached = o.num_cached_tokens
+    tokens, cached = run_alone(engine, "b", b, GREEDY)
     assert cached == 32 and tokens == _reference(tiny_llama, references, b, 6)
 
     params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
