@@ -71,15 +71,17 @@ def _kv_tile(cache_ptr, bt_row, n, nmask, head, d, dmask, stride_cs, stride_cc, 
 
 @triton.jit
 def _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale, scale_ptr, head,
-                 stride_sc, stride_sh, QUANT: tl.constexpr, DOT_PREC: tl.constexpr):
+                 stride_sc, stride_sh, QUANT: tl.constexpr, DOT_PREC: tl.constexpr,
+                 MASKED: tl.constexpr):
     """One online-softmax step (base 2) of the rows q [M, HD_PAD] over one K/V tile;
-    visible [M, BLOCK_N] masks keys. Quantised: K scales multiply the scores, V scales the
-    probabilities (a tile's scales are contiguous within a block)."""
+    with MASKED, visible [M or 1, BLOCK_N] hides keys. Quantised: K scales multiply the
+    scores, V scales the probabilities (a tile's scales are contiguous within a block)."""
     scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [M, BLOCK_N]
     sc_off = head * stride_sh + slot
     if QUANT != 0:
         scores *= tl.load(scale_ptr + sc_off, mask=nmask, other=0.0)[None, :]
-    scores = tl.where(visible, scores, float("-inf"))
+    if MASKED:
+        scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(scores - m_new[:, None])
@@ -184,7 +186,7 @@ def _decode_kernel(
                               stride_ch, BLOCK_SIZE, QUANT, cdt)
         m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, nmask[None, :], m_i, l_i, acc,
                                      qk_scale, scale_ptr, h, stride_sc, stride_sh, QUANT,
-                                     DOT_PREC)
+                                     DOT_PREC, True)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -251,16 +253,26 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
     bt_row = bt_ptr + c.to(tl.int64) * stride_bt
-    # keys up to the tile's last query; none past the chunk's end tile
+    # Keys [0, full_end) are seen by every query of the tile: whole tiles, no mask. Then the
+    # tiles up to the last query's position, masked causally. Tiles past the chunk: none.
+    full_end = tl.where(live, ((prefix + m0) // BLOCK_N) * BLOCK_N, 0)
     diag_end = tl.where(live, tl.minimum(ctx, prefix + m0 + BLOCK_M), 0)
-    for n0 in range(0, diag_end, BLOCK_N):
+    for n0 in range(0, full_end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        k, v, slot = _kv_tile(cache_ptr, bt_row, n, n < full_end, hk, d, dmask, stride_cs,
+                              stride_cc, stride_ch, BLOCK_SIZE, QUANT, cdt)
+        m_i, l_i, acc = _attend_tile(q, k, v, slot, n < full_end, None, m_i, l_i, acc,
+                                     qk_scale, scale_ptr, hk, stride_sc, stride_sh, QUANT,
+                                     DOT_PREC, False)
+    for n0 in range(full_end, diag_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < diag_end
         k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, hk, d, dmask, stride_cs,
                               stride_cc, stride_ch, BLOCK_SIZE, QUANT, cdt)
         visible = (n[None, :] <= pos[:, None]) & nmask[None, :]  # causal  [BM, BN]
         m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale,
-                                     scale_ptr, hk, stride_sc, stride_sh, QUANT, DOT_PREC)
+                                     scale_ptr, hk, stride_sc, stride_sh, QUANT, DOT_PREC,
+                                     True)
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q_start + m)[:, None].to(tl.int64) * stride_ot + hq * stride_oh
