@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context length (default: the model's max_position_embeddings)")
     p.add_argument("--scheduling", default="continuous", choices=("continuous", "static"))
-    p.add_argument("--attention", default="sdpa", choices=("sdpa", "math"))
+    p.add_argument("--attention", default="auto", choices=("auto", "triton", "sdpa", "math"),
+                   help="auto = triton on CUDA, sdpa on CPU; triton on CPU needs "
+                        "TRITON_INTERPRET=1")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8", "fp8_e4m3"))
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB",
                    help="KV cache size in GiB (default: sized from free memory)")

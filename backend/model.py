@@ -6,8 +6,9 @@ filled by ``load_weights`` from HF tensor names. q/k/v and gate/up are fused int
 each at load time, so a layer costs two norms, four matmuls and a handful of elementwise ops
 (CPU decode at small batch is bound by per-op overhead as much as by memory).
 
-``forward`` takes a flat, varlen token batch (decodes and prefill chunks mixed) and the
-engine's paged attention; it returns float32 logits only for the rows the engine samples.
+``forward`` takes a flat, varlen token batch (decodes and prefill chunks mixed), the shared
+paged ``Attention`` layer and its step metadata (``backend.layers.attention``); it returns
+float32 logits only for the rows the engine samples.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
-from backend.engine.attention import AttentionMetadata, PagedAttention
+from backend.layers.attention import Attention, AttentionMetadata
 from backend.profiling.ranges import stage
 
 
@@ -70,17 +71,17 @@ class DecoderLayer:
         self.H, self.kvh, self.hd, self.inter = H, kvh, hd, inter
 
     def forward(self, idx: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn: PagedAttention, meta: AttentionMetadata) -> torch.Tensor:
+                attn: Attention, meta: AttentionMetadata) -> torch.Tensor:
         T, hidden = x.shape  # x: [T, hidden]
         H, kvh, hd = self.H, self.kvh, self.hd
         h = F.rms_norm(x, (hidden,), self.input_norm, self.eps)
         qkv = F.linear(h, self.qkv_w, self.qkv_b)  # [T, (H + 2 kvh) * hd]
         qk = qkv[:, : (H + kvh) * hd].view(T, H + kvh, hd)
-        qk.copy_(apply_rope(qk, cos, sin))  # in place, so K and V stay adjacent for the cache
+        qk.copy_(apply_rope(qk, cos, sin))  # in place: q, k, v stay views of qkv
         q = qkv[:, : H * hd].view(T, H, hd)
         kv = qkv[:, H * hd:].view(T, 2, kvh, hd)
         with stage("attention"):  # a profiler range only while a capture runs
-            out = attn.forward(idx, q, kv, meta)  # [T, heads * head_dim]
+            out = attn.forward(idx, q, kv[:, 0], kv[:, 1], meta)  # [T, heads * head_dim]
         x = x + F.linear(out, self.o_w)  # [T, hidden]
         h = F.rms_norm(x, (hidden,), self.post_norm, self.eps)
         gate_up = F.linear(h, self.gate_up_w)  # [T, 2 * inter]
@@ -161,7 +162,7 @@ class LlamaModel:
         if missing:
             raise KeyError(f"weights missing from the checkpoint: {sorted(missing)[:8]}")
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: PagedAttention,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Attention,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: [T]; logits_indices: [N] rows to sample -> [N, vocab] fp32."""
         x = F.embedding(input_ids, self.embed)  # [T, hidden]

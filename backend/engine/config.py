@@ -17,7 +17,7 @@ class EngineConfig:
     max_num_seqs: int = 64  # most sequences in one step
     max_num_batched_tokens: int = 2048  # token budget of one step (decodes + prefill chunks)
     scheduling: str = "continuous"  # or "static": a batch is formed and runs to completion
-    attention: str = "sdpa"  # or "math" (explicit matmul + softmax reference)
+    attention: str = "auto"  # auto = triton on CUDA, sdpa on CPU; or triton, sdpa, math
     kv_cache_dtype: str = "auto"  # auto = model dtype; "int8"; "fp8_e4m3"
     kv_cache_memory_gib: float | None = None  # None = sized from free memory
     block_size: int = 16  # tokens per KV block
@@ -31,7 +31,7 @@ class EngineConfig:
         _choice("dtype", self.dtype, _DTYPES)
         _choice("kv_cache_dtype", self.kv_cache_dtype, _KV_DTYPES)
         _choice("scheduling", self.scheduling, ("continuous", "static"))
-        _choice("attention", self.attention, ("sdpa", "math"))
+        _choice("attention", self.attention, ("auto", "triton", "sdpa", "math"))
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -1,16 +1,19 @@
 """CUDA graphs for decode steps (no-op on CPU: the runner only builds this on CUDA).
 
-Decode inputs have fixed shapes: ``[B]`` token ids, positions and slots, and ``[B, C]``
-context slot indices with ``C`` = the whole context (max_model_len rounded to blocks). A
-graph is captured per batch size in ``sizes``; a step with ``b`` decodes replays the
-smallest captured ``B >= b`` with the padded rows writing to the cache's scratch slot.
+A graph is captured per batch size in ``sizes``; a step with ``b`` decodes replays the
+smallest captured ``B >= b``. Its inputs are fixed buffers: ``[B]`` token ids, positions,
+slots and context lengths, and the block tables ``[B, W]`` with ``W`` = max_model_len in
+blocks. Only the first ``ceil(context / block_size)`` entries of a row are written and
+read, so with the Triton backend a replay costs the real context, whatever
+max_model_len is (the sdpa/math references gather all ``W`` blocks, masked). Padded rows
+(b..B) have a context of one token in the cache's scratch block and write their K/V there.
 """
 from __future__ import annotations
 
 import torch
 
-from backend.engine.attention import AttentionMetadata
 from backend.engine.scheduler import ScheduledBatch
+from backend.layers.attention import AttentionMetadata
 
 _SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
@@ -20,14 +23,16 @@ class DecodeGraphs:
         self.runner = runner
         self.sizes = [b for b in _SIZES if b <= max_batch] or [1]
         self.width = -(-runner.max_model_len // runner.block_size)  # blocks
-        B, C, dev = self.sizes[-1], self.width * runner.block_size, runner.device
+        B, dev = self.sizes[-1], runner.device
+        cache = runner.kv_cache
+        self.scratch_block = cache.scratch_slot // cache.block_size
         self.ids = torch.zeros(B, dtype=torch.long, device=dev)
         self.pos = torch.zeros(B, dtype=torch.long, device=dev)
-        self.slots = torch.full((B,), runner.kv_cache.scratch_slot, dtype=torch.long,
-                                device=dev)
-        self.ctx_idx = torch.zeros(B, C, dtype=torch.long, device=dev)
-        self.mask = torch.full((B, 1, 1, C), -torch.inf, dtype=runner.dtype, device=dev)
-        self.mask[:, :, :, 0] = 0.0  # padded rows attend to one slot, never to nothing
+        self.slots = torch.full((B,), cache.scratch_slot, dtype=torch.long, device=dev)
+        self.block_tables = torch.full((B, self.width), self.scratch_block, dtype=torch.int32,
+                                       device=dev)
+        self.context_lens = torch.ones(B, dtype=torch.int32, device=dev)
+        self.query_start_loc = torch.arange(B + 1, dtype=torch.int32, device=dev)
         self.rows = torch.arange(B, dtype=torch.long, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -37,16 +42,18 @@ class DecodeGraphs:
                 self._capture(b)
 
     def _forward(self, b: int) -> torch.Tensor:
-        meta = AttentionMetadata(slot_mapping=self.slots[:b], num_decode=b,
-                                 decode_ctx_idx=self.ctx_idx[:b], decode_mask=self.mask[:b])
-        return self.runner.model.forward(self.ids[:b], self.pos[:b], self.runner.attn, meta,
-                                         self.rows[:b])
+        r = self.runner
+        meta = r.attn.prepare(AttentionMetadata(
+            slot_mapping=self.slots[:b], block_tables=self.block_tables[:b],
+            context_lens=self.context_lens[:b], query_start_loc=self.query_start_loc[:b + 1],
+            num_decode=b))
+        return r.model.forward(self.ids[:b], self.pos[:b], r.attn, meta, self.rows[:b])
 
     def _capture(self, b: int) -> None:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: allocator and kernel selection
+            for _ in range(2):  # warm-up: allocator, kernel selection, Triton compilation
                 self._forward(b)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
@@ -62,14 +69,16 @@ class DecodeGraphs:
         seqs, r = batch.decodes, self.runner
         b = len(seqs)
         B = next(s for s in self.sizes if s >= b)
+        lens = [s.num_computed + 1 for s in seqs]
         self.ids[:b] = r.tensor([s.token_ids[s.num_computed] for s in seqs])
         self.pos[:b] = r.tensor([s.num_computed for s in seqs])
         self.slots[:b] = r.tensor([r.slot(s, s.num_computed) for s in seqs])
-        self.slots[b:B] = r.kv_cache.scratch_slot
-        idx, mask = r.decode_context(seqs, width=self.width)
-        self.ctx_idx[:b] = idx
-        self.mask[:b] = mask
-        self.mask[b:B] = -torch.inf
-        self.mask[b:B, :, :, 0] = 0.0
+        self.context_lens[:b] = r.tensor(lens, torch.int32)
+        table = r.block_tables(seqs, max(lens))  # [b, nb]: the tail keeps older ids
+        self.block_tables[:b, :table.shape[1]] = table
+        if B > b:
+            self.slots[b:B] = r.kv_cache.scratch_slot
+            self.context_lens[b:B] = 1
+            self.block_tables[b:B, 0] = self.scratch_block
         self.graphs[B].replay()
         return self.outputs[B][:b]

@@ -4,9 +4,12 @@
 
 1. Correctness on CUDA: a tiny random transformers Llama (GQA) as the reference (CPU, fp32);
    our engine on CUDA in fp32 with and without CUDA graphs, 8 requests of different lengths
-   with chunked prefill, must give the reference's greedy tokens; int8/fp8 KV and bf16 runs
-   are reported as agreement figures.
-2. Decode speed of a synthetic llama-2-7b (random weights, bf16) at batch 1 and 32, with
+   with chunked prefill, must give the reference's greedy tokens, for every attention
+   backend (triton, sdpa, math); int8/fp8 KV and bf16 runs are reported as agreement
+   figures.
+2. The engine's CPU parity tests (transformers greedy, batch invariance, paged vs
+   contiguous, preemption, prefix caching) run here on CUDA for every backend.
+3. Decode speed of a synthetic llama-2-7b (random weights, bf16) at batch 1 and 32, with
    and without CUDA graphs, and the attention kernel that really ran.
 """
 from __future__ import annotations
@@ -22,6 +25,8 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 
+PARITY_TESTS = ("tests/backend/engine/test_parity_backends.py",)
+
 
 def correctness() -> dict:
     from tests.backend.tiny_models import hf_greedy, source_from_hf, tiny_hf_model
@@ -34,12 +39,16 @@ def correctness() -> dict:
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     ref = [hf_greedy(hf, p, 24) for p in prompts]
     out = {}
-    for name, kw in {"fp32": dict(dtype="float32", cuda_graph=False),
-                     "fp32_graphs": dict(dtype="float32"),
-                     "bf16_graphs": dict(dtype="bfloat16"),
-                     "fp32_int8_kv": dict(dtype="float32", kv_cache_dtype="int8"),
-                     "fp32_fp8_kv": dict(dtype="float32", kv_cache_dtype="fp8_e4m3"),
-                     "fp32_math": dict(dtype="float32", attention="math")}.items():
+    runs = {}
+    for backend in ("triton", "sdpa", "math"):
+        runs[f"{backend}_fp32"] = dict(dtype="float32", cuda_graph=False, attention=backend)
+        runs[f"{backend}_fp32_graphs"] = dict(dtype="float32", attention=backend)
+        runs[f"{backend}_bf16_graphs"] = dict(dtype="bfloat16", attention=backend)
+    for kind in ("int8", "fp8_e4m3"):
+        for backend in ("triton", "sdpa"):
+            runs[f"{backend}_fp32_{kind}_kv"] = dict(dtype="float32", kv_cache_dtype=kind,
+                                                     attention=backend)
+    for name, kw in runs.items():
         engine = LLMEngine(EngineConfig(device="cuda", kv_cache_memory_gib=0.05,
                                         max_model_len=512, max_num_batched_tokens=64,
                                         max_num_seqs=16, **kw), source)
@@ -51,7 +60,7 @@ def correctness() -> dict:
     return out
 
 
-def decode_speed(preset: str = "llama-2-7b") -> dict:
+def decode_speed(preset: str = "llama-2-7b", attention: str = "triton") -> dict:
     from backend.weights.loader import synthetic_source
 
     source = synthetic_source(preset)
@@ -59,7 +68,7 @@ def decode_speed(preset: str = "llama-2-7b") -> dict:
     for graphs in (False, True):
         engine = LLMEngine(EngineConfig(device="cuda", dtype="bfloat16", cuda_graph=graphs,
                                         max_model_len=1024, max_num_seqs=32,
-                                        kv_cache_memory_gib=16), source)
+                                        kv_cache_memory_gib=16, attention=attention), source)
         for batch in (1, 32):
             params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
             for i in range(batch):
@@ -80,12 +89,25 @@ def decode_speed(preset: str = "llama-2-7b") -> dict:
     return out
 
 
+def parity_tests() -> int:
+    """The engine's parity tests on CUDA, every attention backend (pytest's exit code)."""
+    import pytest
+
+    return int(pytest.main(["-q", "-x", "-p", "no:cacheprovider", *PARITY_TESTS]))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--skip-tests", action="store_true", help="skip the engine's parity tests")
+    ap.add_argument("--skip-speed", action="store_true", help="skip the llama-2-7b timing")
     args = ap.parse_args(argv)
     result = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
-              "correctness": correctness(), "decode_llama_2_7b_bf16": decode_speed()}
+              "correctness": correctness()}
+    if not args.skip_tests:
+        result["parity_tests_exit_code"] = parity_tests()
+    if not args.skip_speed:
+        result["decode_llama_2_7b_bf16"] = decode_speed()
     emit_json(result, args.json)
 
 

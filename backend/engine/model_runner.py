@@ -9,16 +9,15 @@ import os
 
 import torch
 
-from backend.engine.attention import AttentionMetadata, PagedAttention, PrefillChunk, \
-    causal_chunk_mask
 from backend.engine.config import EngineConfig
 from backend.engine.cuda_graph import DecodeGraphs
-from backend.engine.kernels import probe_attention_kernel
-from backend.engine.kv_cache import KVCache, bytes_per_block
+from backend.engine.kernels import probe_attention_kernel, resolve_attention
 from backend.engine.nvtx import NvtxRanges
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import ScheduledBatch
 from backend.engine.sequence import Sequence
+from backend.layers.attention import Attention, AttentionMetadata
+from backend.layers.kv_cache import KVCache, bytes_per_block
 from backend.model import LlamaModel
 
 log = logging.getLogger(__name__)
@@ -73,11 +72,12 @@ class ModelRunner:
                                 cfg.num_key_value_heads, cfg.head_dim, self.dtype,
                                 config.kv_cache_dtype, self.device)
         self.group = cfg.num_attention_heads // cfg.num_key_value_heads
+        self.attention = resolve_attention(config.attention, self.device)
         self.attention_kernel, sdpa_context = probe_attention_kernel(
-            config.attention, self.device, self.dtype, cfg.num_key_value_heads, self.group,
-            cfg.head_dim)
-        self.attn = PagedAttention(cfg.num_attention_heads, cfg.num_key_value_heads,
-                                   cfg.head_dim, config.attention, self.kv_cache, sdpa_context)
+            self.attention, self.device, self.dtype, cfg.num_key_value_heads, self.group,
+            cfg.head_dim, config.kv_cache_dtype, self.block_size)
+        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads,
+                              cfg.head_dim, self.attention, self.kv_cache, sdpa_context)
         self.sampler = Sampler(source.tokenizer.eos_token_ids, self.device)
         self.graphs = None
         if config.cuda_graph and self.device.type == "cuda":
@@ -136,54 +136,43 @@ class ModelRunner:
     def prepare(self, batch: ScheduledBatch) -> tuple:
         """Flat inputs: (input_ids [T], positions [T], attn, metadata, logits_indices [N])."""
         ids, pos, slots, rows = [], [], [], []
+        lens, starts = [], [0]
         for seq in batch.decodes:
             p = seq.num_computed
             ids.append(seq.token_ids[p])
             pos.append(p)
             slots.append(self.slot(seq, p))
+            lens.append(p + 1)
+            starts.append(len(ids))
         rows.extend(range(len(batch.decodes)))
-        chunks_meta = []
+        spans = []
         for seq, n in batch.prefills:
             start = seq.num_computed
             q_start = len(ids)
             ids.extend(seq.token_ids[start:start + n])
             pos.extend(range(start, start + n))
             slots.extend(self.slot(seq, p) for p in range(start, start + n))
-            chunks_meta.append((seq, start, n, q_start))
+            lens.append(start + n)
+            starts.append(len(ids))
+            spans.append((q_start, n, start + n))
             if start + n == len(seq):
                 rows.append(q_start + n - 1)
-        dev = self.device
-        meta = AttentionMetadata(slot_mapping=self.tensor(slots), num_decode=len(batch.decodes))
-        if batch.decodes:
-            meta.decode_ctx_idx, meta.decode_mask = self.decode_context(batch.decodes)
-        for seq, start, n, q_start in chunks_meta:
-            meta.prefills.append(PrefillChunk(
-                q_start, n, self.context_slots(seq, start + n),
-                causal_chunk_mask(start, n, self.group, dev, self.dtype)))
+        seqs = batch.decodes + [seq for seq, _ in batch.prefills]
+        dec_lens = lens[:len(batch.decodes)]
+        meta = AttentionMetadata(
+            slot_mapping=self.tensor(slots), block_tables=self.block_tables(seqs, max(lens)),
+            context_lens=self.tensor(lens, torch.int32),
+            query_start_loc=self.tensor(starts, torch.int32), num_decode=len(batch.decodes),
+            prefill_spans=spans, max_decode_context=max(dec_lens, default=None),
+            min_decode_context=min(dec_lens, default=None))
+        self.attn.prepare(meta)
         return (self.tensor(ids), self.tensor(pos), self.attn, meta, self.tensor(rows))
 
-    def decode_context(self, seqs: list[Sequence], width: int | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Slot indices [D, C] of each sequence's positions 0..C-1 (padding -> slot 0) and
-        the additive mask [D, 1, 1, C], None when no row is padded. C is the longest
-        context, or ``width`` blocks (fixed shapes for CUDA graphs)."""
-        bs, dev = self.block_size, self.device
-        lens = [s.num_computed + 1 for s in seqs]
-        C = width * bs if width else max(lens)
-        nb = -(-C // bs)
-        table = [s.block_table[:nb] + [0] * (nb - len(s.block_table[:nb])) for s in seqs]
-        bt = self.tensor(table)  # [D, nb]
-        idx = (bt.unsqueeze(-1) * bs + torch.arange(bs, device=dev)).view(len(seqs), -1)
-        idx = idx[:, :C]
-        if width is None and min(lens) == C:
-            return idx, None
-        ctx = self.tensor(lens)
-        blocked = torch.arange(C, device=dev).unsqueeze(0) >= ctx.unsqueeze(1)  # [D, C]
-        mask = torch.zeros(len(seqs), C, dtype=self.dtype, device=dev)
-        return idx, mask.masked_fill_(blocked, -torch.inf).view(len(seqs), 1, 1, C)
+    def block_table_rows(self, seqs: list[Sequence], context: int) -> list[list[int]]:
+        """Each sequence's first ceil(context / block_size) block ids, 0-padded."""
+        nb = -(-context // self.block_size)
+        return [s.block_table[:nb] + [0] * (nb - len(s.block_table[:nb])) for s in seqs]
 
-    def context_slots(self, seq: Sequence, ctx_len: int) -> torch.Tensor:
-        """[ctx_len] slot indices of positions 0..ctx_len-1 of seq."""
-        bs = self.block_size
-        bt = self.tensor(seq.block_table[: -(-ctx_len // bs)])
-        return (bt.unsqueeze(-1) * bs + torch.arange(bs, device=self.device)).view(-1)[:ctx_len]
+    def block_tables(self, seqs: list[Sequence], context: int) -> torch.Tensor:
+        """[S, ceil(context / block_size)] int32 block tables of the step's sequences."""
+        return self.tensor(self.block_table_rows(seqs, context), torch.int32)

@@ -35,7 +35,7 @@ class EngineStats:
     preemptions_total: int
     prompt_tokens_total: int
     generation_tokens_total: int
-    attention_kernel: str  # the SDPA backend that really ran, e.g. "flash", "math"
+    attention_kernel: str  # the kernel that really ran, e.g. "triton", "cudnn", "math"
     dtype: str = ""  # the model dtype "auto" resolved to (it differs by device and CPU)
 
 

@@ -1,7 +1,14 @@
-"""Backend-wide fixtures."""
+"""Backend-wide fixtures. Without a GPU, Triton kernels run under its interpreter: set
+before any test module imports them (the choice is made when a kernel is defined)."""
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -66,6 +66,18 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     return tokens
 
 
+def run_alone(engine, request_id: str, prompt: list[int], params) -> tuple[list[int], int]:
+    """Add one request to an idle engine and step it to the end: (its tokens, the cached
+    prompt tokens its last output reports)."""
+    engine.add_request(request_id, prompt, params)
+    tokens, cached = [], None
+    while engine.has_unfinished():
+        for o in engine.step():
+            tokens.extend(o.new_token_ids)
+            cached = o.num_cached_tokens
+    return tokens, cached
+
+
 def track_engines(monkeypatch) -> list:
     """Record every LLMEngine built during a test (AsyncEngine's included)."""
     from backend.engine.llm_engine import LLMEngine

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.engine.kv_cache import KVCache
+from backend.layers.kv_cache import KVCache
 from backend.engine.kv_quality import EVAL_TEXT, greedy_agreement, perplexity_figures
 
 
@@ -15,7 +15,7 @@ def test_quantised_round_trip_within_format_precision(kind: str, rel_err: float)
                     model_dtype=torch.float32, kv_cache_dtype=kind, device=torch.device("cpu"))
     kv = torch.randn(20, 2, 3, 64) * torch.logspace(-3, 2, 20).view(20, 1, 1, 1)
     slots = torch.randperm(64)[:20]
-    cache.write(1, slots, kv)
+    cache.write(1, slots, kv[:, 0], kv[:, 1])
     back = cache.gather(1, slots)
     amax = kv.abs().amax(dim=-1, keepdim=True)  # per token, K/V and head
     assert ((back - kv).abs() <= amax * rel_err + 1e-12).all()

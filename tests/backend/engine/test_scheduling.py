@@ -7,7 +7,7 @@ import random
 import torch
 
 from backend.engine.sampling import SamplingParams
-from tests.backend.tiny_models import hf_greedy
+from tests.backend.tiny_models import hf_greedy, run_alone
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
@@ -109,12 +109,7 @@ def test_prefix_cache_hit_gives_identical_tokens(make_engine) -> None:
     reference = _alone(make_engine, [a, b])
     engine = make_engine()
     first = engine.generate([a], GREEDY)[0]
-    engine.add_request("b", b, GREEDY)
-    tokens, cached = [], None
-    while engine.has_unfinished():
-        for o in engine.step():
-            tokens.extend(o.new_token_ids)
-            cached = o.num_cached_tokens
+    tokens, cached = run_alone(engine, "b", b, GREEDY)
     assert [first, tokens] == reference
     assert cached == (len(shared) // 16) * 16 > 0
 

@@ -2,15 +2,18 @@
 
 Layout ``[num_layers, num_blocks * block_size, 2, num_kv_heads, head_dim]``: a slot is one
 token position of one block; index 0 of the third dim is K, 1 is V. Keeping K and V side by
-side lets one ``index_copy_`` write both (the model's fused qkv output already holds them
-contiguously) and one ``index_select`` read both.
+side lets one ``index_select`` read both, and the Triton kernels load a token's K and V
+rows from neighbouring addresses.
 
-Quantised dtypes keep a float32 scale per (token, K/V, head) beside the blocks:
+Quantised dtypes keep a float32 scale per (token, K/V, head) beside the blocks, laid out
+``[num_layers, 2, num_kv_heads, slots]`` so that the scales of one head's consecutive
+tokens are adjacent (the attention kernels load a tile's scales in one coalesced read):
 - int8: symmetric, scale = amax / 127, values rounded and clamped to [-127, 127];
 - fp8_e4m3: scale = amax / 448 (the format's largest finite value), stored as uint8 bits
   because index_copy_/index_select are not implemented for float8 on every backend.
-Quantise on write, dequantise on read: a pure-torch reference path for the CPU and for
-checking fused kernels against.
+``write``/``gather`` are the pure-torch reference path (quantise on write, dequantise on
+read) of the sdpa and math backends; the Triton backend quantises in its store kernel and
+dequantises inside its attention kernels (``triton_attention``).
 """
 from __future__ import annotations
 
@@ -53,39 +56,47 @@ class KVCache:
                                 dtype=storage, device=device)
         self.scales = None
         if kv_cache_dtype != "auto":
-            self.scales = torch.zeros(num_layers, slots, 2, num_kv_heads,
+            self.scales = torch.zeros(num_layers, 2, num_kv_heads, slots,
                                       dtype=torch.float32, device=device)
 
-    def write(self, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
-        """slots: [T] long; kv: [T, 2, kvh, hd] in the model dtype."""
-        if self.scales is None:
-            self.data[layer].index_copy_(0, slots, kv)
-            return
-        q, scale = _quantise(kv, self.kv_cache_dtype)
-        self.data[layer].index_copy_(0, slots, q)
-        self.scales[layer].index_copy_(0, slots, scale)
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """slots: [T] long; k, v: [T, kvh, hd] in the model dtype."""
+        for c, x in enumerate((k, v)):
+            if self.scales is None:
+                self.data[layer, :, c].index_copy_(0, slots, x)
+                continue
+            q, scale = quantise(x, self.kv_cache_dtype)
+            self.data[layer, :, c].index_copy_(0, slots, q)
+            self.scales[layer, c].index_copy_(1, slots, scale.t())  # [kvh, slots]
 
     def gather(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
         """idx: [...] long slot indices -> [..., 2, kvh, hd] in the model dtype."""
         flat = idx.reshape(-1)
         kv = self.data[layer].index_select(0, flat)
         if self.scales is not None:
-            kv = _dequantise(kv, self.scales[layer].index_select(0, flat),
-                             self.kv_cache_dtype, self.model_dtype)
+            kv = dequantise(kv, self.scales_at(layer, flat), self.kv_cache_dtype,
+                            self.model_dtype)
         return kv.view(*idx.shape, *kv.shape[1:])
 
 
-def _quantise(kv: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    x = kv.float()  # [T, 2, kvh, hd]
+    def scales_at(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """slots: [N] long -> [N, 2, kvh] float32 scales."""
+        return self.scales[layer].index_select(2, slots).permute(2, 0, 1)
+
+
+def quantise(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., hd] -> (stored values [..., hd], float32 scales [...]), one scale per row."""
+    x = x.float()
     top = _INT8_MAX if kind == "int8" else _FP8_MAX
-    scale = (x.abs().amax(dim=-1) / top).clamp_(min=1e-12)  # [T, 2, kvh]
+    scale = (x.abs().amax(dim=-1) / top).clamp_(min=1e-12)  # [...]
     y = x / scale.unsqueeze(-1)
     if kind == "int8":
         return y.round_().clamp_(-_INT8_MAX, _INT8_MAX).to(torch.int8), scale
     return y.to(torch.float8_e4m3fn).view(torch.uint8), scale
 
 
-def _dequantise(q: torch.Tensor, scale: torch.Tensor, kind: str,
-                dtype: torch.dtype) -> torch.Tensor:
+def dequantise(q: torch.Tensor, scale: torch.Tensor, kind: str,
+               dtype: torch.dtype) -> torch.Tensor:
+    """Stored values [..., hd] and scales [...] -> [..., hd] in ``dtype``."""
     x = q.float() if kind == "int8" else q.view(torch.float8_e4m3fn).float()
     return (x * scale.unsqueeze(-1)).to(dtype)

@@ -1,0 +1,221 @@
+"""Paged attention over a flat token batch (varlen): decodes first, then prefill chunks.
+
+One step's tokens are laid out flat, ``[T]``: the first ``num_decode`` are single-token
+decodes of different sequences, then each prefill chunk's tokens in turn. The step's
+``AttentionMetadata`` is built once (device tensors: slot mapping, block tables, context
+lengths, query start offsets; plus a few host integers the scheduler already knows), then
+``Attention.prepare(meta)`` adds what the chosen backend needs for the whole step, and
+every layer calls ``Attention.forward(layer, q, k, v, meta)``, which
+1. writes the step's K/V into the paged cache (``slot_mapping``),
+2. runs attention for the decodes and for the prefill chunks.
+
+Backends:
+- ``triton``: our kernels (``triton_attention``) read the cache in place through the block
+  tables; int8/fp8 caches are dequantised inside them.
+- ``sdpa`` / ``math``: references. Each sequence's context is gathered from the cache into
+  a padded dense tensor (the gather indices and additive masks are built once per step in
+  ``prepare``) and handed to ``torch.nn.functional.scaled_dot_product_attention`` or to an
+  explicit float32 matmul + softmax. GQA without copying K/V per query head: the ``group``
+  query heads that share a KV head are folded into the query-length axis.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from backend.layers.kv_cache import KVCache
+
+try:  # Triton is optional: the sdpa and math backends run without it
+    from backend.layers import triton_attention
+except ImportError:  # pragma: no cover - depends on the platform
+    triton_attention = None
+
+BACKENDS = ("triton", "sdpa", "math")
+
+
+@dataclass
+class AttentionMetadata:
+    """One step's attention inputs. Rows of ``block_tables``/``context_lens`` are the step's
+    sequences in batch order: the ``num_decode`` decodes, then one per prefill chunk."""
+    slot_mapping: torch.Tensor  # [T] long: cache slot of each token of the step
+    block_tables: torch.Tensor  # [S, W] int32 block ids (unused tail entries: any block)
+    context_lens: torch.Tensor  # [S] int32: context length after this step (chunk included)
+    query_start_loc: torch.Tensor  # [S + 1] int32: first row of each sequence in the batch
+    num_decode: int = 0
+    # host copies: (q_start, q_len, ctx_len) of each prefill chunk, in batch order
+    prefill_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    # longest / shortest decode context; None inside CUDA graphs (any length up to W blocks)
+    max_decode_context: int | None = None
+    min_decode_context: int | None = None
+    extra: dict = field(default_factory=dict)  # backend-specific, filled by prepare()
+
+    @property
+    def max_query_len(self) -> int:
+        return max((n for _, n, _ in self.prefill_spans), default=1)
+
+
+def causal_chunk_mask(start: int, q_len: int, group: int, device: torch.device,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, group * q_len, start + q_len] additive mask: query i (at position start + i)
+    sees keys <= it. Additive float, built once per step: SDPA would otherwise convert a
+    boolean mask to this form again in every layer."""
+    ctx = start + q_len
+    rows = torch.arange(start, ctx, device=device).unsqueeze(1)  # [q, 1]
+    blocked = torch.arange(ctx, device=device).unsqueeze(0) > rows  # [q, ctx]
+    mask = torch.zeros(q_len, ctx, dtype=dtype, device=device).masked_fill_(blocked, -torch.inf)
+    return mask.repeat(group, 1).view(1, 1, group * q_len, ctx)
+
+
+def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Explicit reference: softmax(q k^T * scale + mask) v, in float32."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask.float()
+    return torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
+
+
+def block_slots(block_tables: torch.Tensor, block_size: int, width: int) -> torch.Tensor:
+    """[S, W] block ids -> [S, width] slot indices of positions 0..width-1."""
+    nb = -(-width // block_size)
+    offs = torch.arange(block_size, device=block_tables.device)
+    slots = block_tables[:, :nb].long().unsqueeze(-1) * block_size + offs  # [S, nb, bs]
+    return slots.view(block_tables.shape[0], -1)[:, :width]
+
+
+class Attention:
+    """Attention for all layers; holds no weights, only the backend choice and the cache."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: str,
+                 kv_cache: KVCache, sdpa_context: Callable[[], contextlib.AbstractContextManager]
+                 | None = None) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}; "
+                             f"got {backend!r}")
+        if backend == "triton" and triton_attention is None:
+            raise ValueError("attention 'triton' needs the triton package")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.group = num_heads // num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim ** -0.5
+        self.backend = backend
+        self.kv_cache = kv_cache
+        # On CUDA: a sdpa_kernel(...) context restricting SDPA to the backend the startup
+        # probe verified, so it can never fall back silently.
+        self.sdpa_context = sdpa_context
+
+    # -- once per step ----------------------------------------------------------------
+    def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
+        """Adds the backend's per-step inputs to ``meta`` (device ops only, no host sync,
+        so it can run inside a CUDA graph capture)."""
+        if self.backend == "triton":
+            self._prepare_triton(meta)
+        else:
+            self._prepare_dense(meta)
+        return meta
+
+    def _prepare_triton(self, meta: AttentionMetadata) -> None:
+        d = meta.num_decode
+        if d:
+            meta.extra["splits"] = triton_attention.decode_splits(
+                d, self.num_kv_heads, meta.max_decode_context, meta.block_tables.device)
+        if meta.prefill_spans:
+            # prefill rows of the tables, and query offsets relative to the flat batch
+            meta.extra["prefill"] = (meta.block_tables[d:], meta.context_lens[d:],
+                                     meta.query_start_loc[d:])
+
+    def _prepare_dense(self, meta: AttentionMetadata) -> None:
+        bs, dev = self.kv_cache.block_size, meta.block_tables.device
+        dtype = self.kv_cache.model_dtype
+        d = meta.num_decode
+        if d:
+            C = meta.max_decode_context or meta.block_tables.shape[1] * bs
+            idx = block_slots(meta.block_tables[:d], bs, C)  # [D, C]
+            mask = None
+            if meta.min_decode_context != C:  # some row is shorter: mask its tail
+                blocked = torch.arange(C, device=dev) >= meta.context_lens[:d, None]  # [D, C]
+                mask = torch.zeros(d, C, dtype=dtype, device=dev).masked_fill_(
+                    blocked, -torch.inf).view(d, 1, 1, C)
+            meta.extra["decode"] = (idx, mask)
+        chunks = []
+        for i, (q_start, q_len, ctx) in enumerate(meta.prefill_spans):
+            idx = block_slots(meta.block_tables[d + i: d + i + 1], bs, ctx)[0]  # [ctx]
+            chunks.append((q_start, q_len, idx,
+                           causal_chunk_mask(ctx - q_len, q_len, self.group, dev, dtype)))
+        meta.extra["prefill"] = chunks
+
+    # -- every layer ------------------------------------------------------------------
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, H, hd]; k, v: [T, kvh, hd] (RoPE applied) -> [T, H * hd]."""
+        if self.backend == "triton":
+            return self._forward_triton(layer, q, k, v, meta)
+        self.kv_cache.write(layer, meta.slot_mapping, k, v)
+        T = q.shape[0]
+        if not meta.prefill_spans:  # pure decode step: no output buffer, no copies
+            return self._decode(layer, q, meta).view(T, self.num_heads * self.head_dim)
+        out = torch.empty(T, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
+        d = meta.num_decode
+        if d:
+            out[:d] = self._decode(layer, q[:d], meta)
+        for q_start, q_len, idx, mask in meta.extra["prefill"]:
+            rows = slice(q_start, q_start + q_len)
+            out[rows] = self._prefill(layer, q[rows], idx, mask)
+        return out.view(T, self.num_heads * self.head_dim)
+
+    def _forward_triton(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        meta: AttentionMetadata) -> torch.Tensor:
+        cache = self.kv_cache
+        data = cache.data[layer]
+        scales = None if cache.scales is None else cache.scales[layer]
+        triton_attention.store_kv(k, v, meta.slot_mapping, data, scales, cache.kv_cache_dtype)
+        T = q.shape[0]
+        out = torch.empty(T, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
+        d = meta.num_decode
+        if d:
+            triton_attention.paged_decode(
+                q[:d], data, scales, meta.block_tables, meta.context_lens, out, self.scale,
+                cache.block_size, cache.kv_cache_dtype, meta.extra["splits"])
+        if meta.prefill_spans:
+            tables, lens, starts = meta.extra["prefill"]
+            triton_attention.paged_prefill(
+                q, data, scales, tables, lens, starts, meta.max_query_len, out, self.scale,
+                cache.block_size, cache.kv_cache_dtype)
+        return out.view(T, self.num_heads * self.head_dim)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        if self.backend == "math":
+            return math_attention(q, k, v, mask, self.scale)
+        if self.sdpa_context is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        with self.sdpa_context():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+
+    def _decode(self, layer: int, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        D = q.shape[0]
+        idx, mask = meta.extra["decode"]
+        kv = self.kv_cache.gather(layer, idx)  # [D, C, 2, kvh, hd]
+        k = kv[:, :, 0].transpose(1, 2)  # [D, kvh, C, hd]
+        v = kv[:, :, 1].transpose(1, 2)
+        qg = q.view(D, self.num_kv_heads, self.group, self.head_dim)  # [D, kvh, g, hd]
+        o = self._attend(qg, k, v, mask)  # [D, kvh, g, hd]
+        return o.reshape(D, self.num_heads, self.head_dim)
+
+    def _prefill(self, layer: int, q: torch.Tensor, idx: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+        n = q.shape[0]
+        kv = self.kv_cache.gather(layer, idx)  # [ctx, 2, kvh, hd]
+        k = kv[:, 0].transpose(0, 1).unsqueeze(0)  # [1, kvh, ctx, hd]
+        v = kv[:, 1].transpose(0, 1).unsqueeze(0)
+        # [n, H, hd] -> [1, kvh, g * n, hd]: rows ordered (group member, position)
+        qg = q.view(n, self.num_kv_heads, self.group, self.head_dim).permute(1, 2, 0, 3)
+        qg = qg.reshape(1, self.num_kv_heads, self.group * n, self.head_dim)
+        o = self._attend(qg, k, v, mask)  # [1, kvh, g * n, hd]
+        o = o.view(self.num_kv_heads, self.group, n, self.head_dim).permute(2, 0, 1, 3)
+        return o.reshape(n, self.num_heads, self.head_dim)

@@ -1,0 +1,399 @@
+"""Triton kernels over the paged KV cache: store, paged decode (split-KV), varlen prefill.
+
+All kernels read the cache in place through the block table: position ``p`` of sequence
+``s`` lives in slot ``block_tables[s, p // block_size] * block_size + p % block_size`` of
+``KVCache.data[layer]`` (``[slots, 2, kv_heads, head_dim]``). No kernel gathers a dense
+copy of a context, and none reads past a sequence's real context length, so a step costs
+what its sequences really hold (not ``max_model_len``).
+
+Quantised caches (int8, fp8_e4m3 stored as uint8 bits) keep a float32 scale per (slot,
+K/V, head): the store kernel quantises, the attention kernels load the narrow values,
+widen them exactly to the compute dtype (every int8 and e4m3 value is representable in
+bf16), and apply the scales to the scores (K) and to the probabilities (V), so there is
+no dequantised copy anywhere.
+
+- ``store_kv``: one program per token, all KV heads.
+- ``paged_decode``: flash-decoding. Grid (sequence, KV head, split): each program walks its
+  share of the context in tiles of ``block_n`` tokens with an online softmax; the query
+  heads of one GQA group form the rows of one ``tl.dot``. With more than one split the
+  partial results are merged by log-sum-exp in a second, tiny kernel.
+- ``paged_prefill``: causal attention for every prefill chunk of a step in one launch.
+  Grid (query tile, chunk, query head); keys are the chunk's cached prefix (prefix-cache
+  hits included, from any offset in a block) plus the chunk itself, read back from the
+  cache after ``store_kv`` wrote it. Both attention kernels share the tile load
+  (``_kv_tile``) and the online-softmax step (``_attend_tile``).
+
+With ``TRITON_INTERPRET=1`` the same kernels run on the CPU (slowly): that is how the tests
+check them on machines without a GPU. The interpreter's ``tl.dot`` mishandles bfloat16 and
+its float8 conversion rounds differently from the GPU, so under it the dot operands are
+widened to float32 (``UPCAST``) and the fp8 store rounds in float32 first (as it does on
+the GPU anyway).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+QUANT_CODES = {"auto": 0, "int8": 1, "fp8_e4m3": 2}
+_INT8_MAX = 127.0
+_FP8_MAX = 448.0
+_LOG2E = 1.4426950408889634
+# Decode tiles (tokens per loop iteration) by cache dtype: the fastest of 64/128 on an
+# H200 (docs/BENCHMARKS.md).
+DECODE_BLOCK_N = {"auto": 64, "int8": 128, "fp8_e4m3": 128}
+
+
+@triton.jit
+def _widen(x, QUANT: tl.constexpr, dtype: tl.constexpr):
+    """Stored cache values -> the compute dtype (exact for int8 and e4m3)."""
+    if QUANT == 2:
+        return x.to(tl.float8e4nv, bitcast=True).to(dtype)
+    return x.to(dtype)
+
+
+@triton.jit
+def _kv_tile(cache_ptr, bt_row, n, nmask, head, d, dmask, stride_cs, stride_cc, stride_ch,
+             BLOCK_SIZE: tl.constexpr, QUANT: tl.constexpr, cdt: tl.constexpr):
+    """K and V rows [BLOCK_N, HD_PAD] of positions n (through the block table, widened to
+    cdt) and their slots [BLOCK_N]."""
+    page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+    slot = page * BLOCK_SIZE + n % BLOCK_SIZE
+    kv_off = slot[:, None] * stride_cs + head * stride_ch + d[None, :]
+    lmask = nmask[:, None] & dmask[None, :]
+    k = _widen(tl.load(cache_ptr + kv_off, mask=lmask, other=0), QUANT, cdt)
+    v = _widen(tl.load(cache_ptr + kv_off + stride_cc, mask=lmask, other=0), QUANT, cdt)
+    return k, v, slot
+
+
+@triton.jit
+def _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale, scale_ptr, head,
+                 stride_sc, stride_sh, QUANT: tl.constexpr, DOT_PREC: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """One online-softmax step (base 2) of the rows q [M, HD_PAD] over one K/V tile;
+    with MASKED, visible [M or 1, BLOCK_N] hides keys. Quantised: K scales multiply the
+    scores, V scales the probabilities (a tile's scales are contiguous within a block)."""
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [M, BLOCK_N]
+    sc_off = head * stride_sh + slot
+    if QUANT != 0:
+        scores *= tl.load(scale_ptr + sc_off, mask=nmask, other=0.0)[None, :]
+    if MASKED:
+        scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if QUANT != 0:
+        p *= tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)[None, :]
+    acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _rint(x):
+    """Round half to even (as torch.round), from floor: the same on GPU and interpreter."""
+    f = tl.floor(x)
+    diff = x - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
+    return tl.where((diff > 0.5) | ((diff == 0.5) & odd), f + 1.0, f)
+
+
+@triton.jit
+def _round_to_e4m3(y):
+    """|y| <= 448 -> the nearest float8_e4m3fn value (ties to even), still in float32. The
+    conversion to the fp8 type then has nothing left to round (Triton's interpreter
+    rounds differently from the GPU and from torch)."""
+    a = tl.abs(y)
+    expo = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 a) for a > 0
+    expo = tl.maximum(expo, -6)  # below 2^-6 the format is subnormal: fixed 2^-9 steps
+    step = ((expo - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(expo - 3)
+    r = _rint(a / step) * step
+    return tl.where(y < 0, -r, r)
+
+
+@triton.jit
+def _store_kv_kernel(
+        k_ptr, v_ptr, slot_ptr, cache_ptr, scale_ptr,
+        stride_kt, stride_kh, stride_vt, stride_vh,
+        stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
+        KVH: tl.constexpr, HD: tl.constexpr, KVH_PAD: tl.constexpr, HD_PAD: tl.constexpr,
+        QUANT: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    h = tl.arange(0, KVH_PAD)[:, None]
+    d = tl.arange(0, HD_PAD)[None, :]
+    mask = (h < KVH) & (d < HD)
+    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
+    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
+    dst = cache_ptr + slot * stride_cs + h * stride_ch + d
+    if QUANT == 0:
+        tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + stride_cc, v.to(cache_ptr.dtype.element_ty), mask=mask)
+    else:
+        top = 127.0 if QUANT == 1 else 448.0
+        hs = tl.arange(0, KVH_PAD)
+        for c in tl.static_range(2):
+            x = k.to(tl.float32) if c == 0 else v.to(tl.float32)
+            scale = tl.maximum(tl.max(tl.abs(x), axis=1) / top, 1e-12)  # [KVH_PAD]
+            y = x / scale[:, None]
+            if QUANT == 1:
+                qv = tl.minimum(tl.maximum(_rint(y), -127.0), 127.0).to(tl.int8)
+            else:
+                qv = _round_to_e4m3(y).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+            tl.store(dst + c * stride_cc, qv, mask=mask)
+            tl.store(scale_ptr + c * stride_sc + hs * stride_sh + slot, scale, mask=hs < KVH)
+
+
+# The block-table row stride changes with the step's longest context: not specialised, so
+# a new width never triggers a recompile (a stall) mid-run.
+@triton.jit(do_not_specialize=["stride_bt"])
+def _decode_kernel(
+        q_ptr, cache_ptr, scale_ptr, bt_ptr, ctx_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+        qk_scale,
+        stride_qt, stride_qh, stride_bt, stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
+        stride_ot, stride_oh,
+        GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + b)
+    per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = s * per_split
+    end = tl.minimum(start + per_split, ctx)
+
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, HD_PAD)
+    dmask = d < HD
+    heads = h * GROUP + g  # [G_PAD] query heads of this KV head's group
+    q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=(g[:, None] < GROUP) & dmask[None, :], other=0.0)  # [G_PAD, HD_PAD]
+    cdt: tl.constexpr = tl.float32 if UPCAST else q.dtype
+    q = q.to(cdt)
+
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, HD_PAD], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nmask = n < end
+        k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, h, d, dmask, stride_cs, stride_cc,
+                              stride_ch, BLOCK_SIZE, QUANT, cdt)
+        m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, nmask[None, :], m_i, l_i, acc,
+                                     qk_scale, scale_ptr, h, stride_sc, stride_sh, QUANT,
+                                     DOT_PREC, True)
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    gmask = g < GROUP
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+    else:
+        # partials [B, H, NUM_SPLITS, HD_PAD] and log2-sum-exp [B, H, NUM_SPLITS]
+        row = (b * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + s  # [G_PAD]
+        tl.store(part_o_ptr + row[:, None] * HD_PAD + d[None, :], o, mask=gmask[:, None])
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(part_lse_ptr + row, lse, mask=gmask)
+
+
+@triton.jit
+def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
+                  HD: tl.constexpr, HD_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    b = tl.program_id(0)
+    hq = tl.program_id(1)
+    row = b * tl.num_programs(1) + hq
+    s = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, HD_PAD)
+    lse = tl.load(part_lse_ptr + row * NUM_SPLITS + s)  # [S]
+    top = tl.max(lse, axis=0)
+    w = tl.exp2(lse - top)  # empty splits: exp2(-inf) = 0
+    o = tl.load(part_o_ptr + (row * NUM_SPLITS + s)[:, None] * HD_PAD + d[None, :])
+    res = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
+    tl.store(out_ptr + b * stride_ot + hq * stride_oh + d, res.to(out_ptr.dtype.element_ty),
+             mask=d < HD)
+
+
+@triton.jit(do_not_specialize=["stride_bt"])
+def _prefill_kernel(
+        q_ptr, cache_ptr, scale_ptr, bt_ptr, ctx_ptr, qsl_ptr, out_ptr,
+        qk_scale,
+        stride_qt, stride_qh, stride_bt, stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
+        stride_ot, stride_oh,
+        GROUP: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
+        DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    mt = tl.program_id(0)
+    c = tl.program_id(1)
+    hq = tl.program_id(2)
+    hk = hq // GROUP
+    q_start = tl.load(qsl_ptr + c)
+    q_len = tl.load(qsl_ptr + c + 1) - q_start
+    ctx = tl.load(ctx_ptr + c)
+    prefix = ctx - q_len  # position of the chunk's first query
+    m0 = mt * BLOCK_M
+    live = m0 < q_len  # tiles past the chunk's end run no iteration, store nothing
+
+    m = m0 + tl.arange(0, BLOCK_M)
+    mmask = m < q_len
+    d = tl.arange(0, HD_PAD)
+    dmask = d < HD
+    q = tl.load(q_ptr + (q_start + m)[:, None].to(tl.int64) * stride_qt + hq * stride_qh
+                + d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
+    cdt: tl.constexpr = tl.float32 if UPCAST else q.dtype
+    q = q.to(cdt)
+    pos = prefix + m  # [BLOCK_M] absolute positions of the queries
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
+    bt_row = bt_ptr + c.to(tl.int64) * stride_bt
+    # Keys [0, full_end) are seen by every query of the tile: whole tiles, no mask. Then the
+    # tiles up to the last query's position, masked causally. Tiles past the chunk: none.
+    full_end = tl.where(live, ((prefix + m0) // BLOCK_N) * BLOCK_N, 0)
+    diag_end = tl.where(live, tl.minimum(ctx, prefix + m0 + BLOCK_M), 0)
+    for n0 in range(0, full_end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        k, v, slot = _kv_tile(cache_ptr, bt_row, n, n < full_end, hk, d, dmask, stride_cs,
+                              stride_cc, stride_ch, BLOCK_SIZE, QUANT, cdt)
+        m_i, l_i, acc = _attend_tile(q, k, v, slot, n < full_end, None, m_i, l_i, acc,
+                                     qk_scale, scale_ptr, hk, stride_sc, stride_sh, QUANT,
+                                     DOT_PREC, False)
+    for n0 in range(full_end, diag_end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nmask = n < diag_end
+        k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, hk, d, dmask, stride_cs,
+                              stride_cc, stride_ch, BLOCK_SIZE, QUANT, cdt)
+        visible = (n[None, :] <= pos[:, None]) & nmask[None, :]  # causal  [BM, BN]
+        m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale,
+                                     scale_ptr, hk, stride_sc, stride_sh, QUANT, DOT_PREC,
+                                     True)
+
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + (q_start + m)[:, None].to(tl.int64) * stride_ot + hq * stride_oh
+             + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=mmask[:, None] & dmask[None, :])
+
+
+def _pad(n: int, least: int = 16) -> int:
+    return max(least, triton.next_power_of_2(n))
+
+
+def interpreting() -> bool:
+    """True when TRITON_INTERPRET=1 runs the kernels on the CPU."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 models get exact products (the fp32 parity tests); tf32 would round them.
+    return "ieee" if dtype == torch.float32 or interpreting() else "tf32"
+
+
+def _scales(scales: torch.Tensor | None, cache: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """(scale tensor or a dummy, K/V stride, head stride) of one layer's [2, kvh, slots]."""
+    if scales is None:
+        return cache, 0, 0
+    return scales, scales.stride(0), scales.stride(1)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
+             scales: torch.Tensor | None, kv_cache_dtype: str) -> None:
+    """k, v: [T, kvh, hd] (any row stride); slots: [T]; cache: one layer's
+    [slots, 2, kvh, hd]; scales: [2, kvh, slots] float32 or None."""
+    T, kvh, hd = k.shape
+    if T == 0:
+        return
+    sc, ssc, ssh = _scales(scales, cache)
+    _store_kv_kernel[(T,)](
+        k, v, slots, cache, sc, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2), ssc, ssh,
+        KVH=kvh, HD=hd, KVH_PAD=triton.next_power_of_2(kvh), HD_PAD=triton.next_power_of_2(hd),
+        QUANT=QUANT_CODES[kv_cache_dtype], num_warps=4 if kvh * hd >= 2048 else 1)
+
+
+def decode_splits(batch: int, kv_heads: int, max_context: int | None, device: torch.device,
+                  block_n: int = 64) -> int:
+    """Splits of each context so that batch x kv_heads x splits fills the GPU about twice.
+    Depends on the batch only (CUDA graphs fix it per batch size), capped by the longest
+    context when it is known (no split without a tile to work on)."""
+    sms = _multiprocessors(device) if device.type == "cuda" else 2
+    splits = min(16, triton.next_power_of_2(-(-2 * sms // (batch * kv_heads))))
+    if max_context is not None:
+        splits = min(splits, triton.next_power_of_2(-(-max_context // block_n)))
+    return max(1, splits)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | None,
+                 block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor,
+                 scale: float, block_size: int, kv_cache_dtype: str, num_splits: int,
+                 block_n: int | None = None, num_warps: int = 4,
+                 num_stages: int = 2) -> torch.Tensor:
+    """q: [B, H, hd]; block_tables: [B, W] int32; context_lens: [B] int32 (>= 1);
+    out: [B, H, hd] (written). One KV head's query group per program (padded to the 16 rows
+    tl.dot needs: decode is bound by the K/V reads, not by the products); num_splits a
+    power of two."""
+    B, H, hd = q.shape
+    kvh = cache.shape[2]
+    group = H // kvh
+    if block_n is None:
+        block_n = DECODE_BLOCK_N[kv_cache_dtype]
+    hd_pad = _pad(hd)
+    sc, ssc, ssh = _scales(scales, cache)
+    if num_splits > 1:
+        part_o = torch.empty(B, H, num_splits, hd_pad, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out  # unused
+    _decode_kernel[(B, kvh, num_splits)](
+        q, cache, sc, block_tables, context_lens, out, part_o, part_lse, scale * _LOG2E,
+        q.stride(0), q.stride(1), block_tables.stride(0), cache.stride(0), cache.stride(1),
+        cache.stride(2), ssc, ssh, out.stride(0), out.stride(1),
+        GROUP=group, G_PAD=_pad(group), HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size,
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=QUANT_CODES[kv_cache_dtype],
+        DOT_PREC=_dot_precision(q.dtype), UPCAST=interpreting(), num_warps=num_warps,
+        num_stages=num_stages)
+    if num_splits > 1:
+        _merge_kernel[(B, H)](part_o, part_lse, out, out.stride(0), out.stride(1), HD=hd,
+                              HD_PAD=hd_pad, NUM_SPLITS=num_splits, num_warps=1)
+    return out
+
+
+def paged_prefill(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | None,
+                  block_tables: torch.Tensor, context_lens: torch.Tensor,
+                  query_start_loc: torch.Tensor, max_query_len: int, out: torch.Tensor,
+                  scale: float, block_size: int, kv_cache_dtype: str,
+                  block_m: int | None = None, block_n: int | None = None,
+                  num_warps: int | None = None, num_stages: int = 2) -> torch.Tensor:
+    """q: [T, H, hd] (the flat batch; rows outside the chunks untouched); block_tables:
+    [C, W]; context_lens: [C] (prefix + chunk); query_start_loc: [C + 1] rows of each
+    chunk in q; out: [T, H, hd]."""
+    H, hd = q.shape[1], q.shape[2]
+    C = context_lens.shape[0]
+    kvh = cache.shape[2]
+    hd_pad = _pad(hd)
+    if block_m is None:
+        block_m = 128 if q.is_cuda else 64
+    if block_n is None:
+        block_n = 64 if hd_pad <= 128 or not q.is_cuda else 32
+    if num_warps is None:
+        num_warps = 8 if block_m >= 128 else 4
+    sc, ssc, ssh = _scales(scales, cache)
+    grid = (triton.cdiv(max_query_len, block_m), C, H)
+    _prefill_kernel[grid](
+        q, cache, sc, block_tables, context_lens, query_start_loc, out, scale * _LOG2E,
+        q.stride(0), q.stride(1), block_tables.stride(0), cache.stride(0), cache.stride(1),
+        cache.stride(2), ssc, ssh, out.stride(0), out.stride(1),
+        GROUP=H // kvh, HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m,
+        BLOCK_N=block_n, QUANT=QUANT_CODES[kv_cache_dtype], DOT_PREC=_dot_precision(q.dtype),
+        UPCAST=interpreting(), num_warps=num_warps, num_stages=num_stages)
+    return out

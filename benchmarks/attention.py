@@ -1,0 +1,329 @@
+"""GPU attention benchmark: our Triton paged kernels against the hardware and SDPA flash,
+then the engine (LLMEngine driven directly) on synthetic Llama-2-7B shapes, in one run.
+
+    python -m benchmarks.attention [--json PATH] [--sections decode,prefill,engine,engine_kv]
+                                   [--sweep]
+
+1. Copy bandwidth: a 4 GiB device-to-device copy, (read + written bytes) / time.
+2. Paged decode (one layer, 32 query / 32 KV heads, head_dim 128, block 16, scrambled
+   blocks): batch 1/8/64 x context 512/4k/32k x KV bf16/int8/fp8_e4m3. Achieved bandwidth
+   = K/V bytes read (scales included) / time, beside the copy bandwidth. Timed with
+   ``triton.testing.do_bench`` (L2 flushed before every call).
+3. Prefill (one layer, 32 heads, head_dim 128, causal, bf16): ours over the paged cache
+   against SDPA restricted to flash on the same shapes laid out contiguously; TFLOP/s from
+   the causal FLOP count (4 * hd * heads * sum(n (n + 1) / 2)).
+4. Engine, bf16, random weights, prefix caching off: TPOT at batch 1 and 64 (512-token
+   prompts, 64 new tokens, context about 544), TTFT of one 512-token prompt, ms per decode
+   step at batch 32 / context 512 with max_model_len 1k and 32k, and the slowest step over
+   the median of the steps with the same token count; for the triton and sdpa backends.
+5. Engine ms per decode step at batch 32, context about 4k, bf16 against int8 KV (triton).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from backend.engine._tools import emit_json
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.outputs import StepStats
+from backend.engine.sampling import SamplingParams
+from backend.layers import triton_attention
+from backend.layers.kv_cache import kv_storage_dtype
+from backend.weights.loader import synthetic_source
+
+H, KVH, HD, BS = 32, 32, 128, 16  # Llama-2-7B attention
+DEV = torch.device("cuda")
+
+
+def copy_bandwidth(gib: float = 4.0) -> float:
+    """Bytes read + written per second by a device-to-device copy."""
+    n = int(gib * 2**30)
+    src = torch.empty(n, dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300)
+    del src, dst
+    return 2 * n / (ms * 1e-3)
+
+
+def _paged(batch: int, ctx: int, kind: str, gen: torch.Generator):
+    """A one-layer cache holding batch x ctx tokens in scrambled blocks."""
+    nb = -(-ctx // BS)
+    blocks = batch * nb
+    store = kv_storage_dtype(kind, torch.bfloat16)
+    shape = (blocks * BS, 2, KVH, HD)
+    if kind == "auto":
+        cache = torch.randn(shape, dtype=torch.bfloat16, device=DEV, generator=gen)
+        scales = None
+    else:
+        cache = torch.randint(-100, 100, shape, dtype=torch.int8, device=DEV,
+                              generator=gen).view(store)
+        if kind == "fp8_e4m3":
+            cache &= 0x77  # finite, moderate e4m3 values
+        scales = torch.rand(2, KVH, blocks * BS, device=DEV, generator=gen) * 0.02
+    perm = torch.randperm(blocks, device=DEV, generator=gen).to(torch.int32)
+    tables = perm.view(batch, nb)
+    return cache, scales, tables
+
+
+_SWEEP_SHAPES = ((1, 512), (64, 512), (64, 4096), (1, 32768))
+
+
+def _decode_configs(batch: int, ctx: int, splits: int, sweep: bool) -> list[dict]:
+    """The engine's defaults first; with sweep, other tiles, warps, dot use and splits."""
+    configs = [dict(num_splits=splits)]
+    if sweep and (batch, ctx) in _SWEEP_SHAPES:
+        configs += [dict(num_splits=splits, block_n=bn, num_warps=w)
+                    for bn in (64, 128) for w in (4, 8)]
+        configs += [dict(num_splits=sp) for sp in (splits // 4, splits // 2, splits * 2)
+                    if 1 <= sp <= 64 and sp != splits]
+    return configs
+
+
+def bench_decode(batches: list[int], contexts: list[int], kinds: list[str],
+                 sweep: bool) -> list[dict]:
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    rows = []
+    for kind in kinds:
+        for ctx in contexts:
+            for batch in batches:
+                cache, scales, tables = _paged(batch, ctx, kind, gen)
+                lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+                q = torch.randn(batch, H, HD, dtype=torch.bfloat16, device=DEV, generator=gen)
+                out = torch.empty_like(q)
+                splits = triton_attention.decode_splits(batch, KVH, ctx, DEV)
+                elem = cache.element_size()
+                read = batch * ctx * 2 * KVH * (HD * elem + (4 if scales is not None else 0))
+                for i, cfg in enumerate(_decode_configs(batch, ctx, splits, sweep)):
+                    fn = lambda: triton_attention.paged_decode(  # noqa: E731
+                        q, cache, scales, tables, lens, out, HD ** -0.5, BS, kind, **cfg)
+                    ms = triton.testing.do_bench(fn, warmup=10, rep=50)
+                    row = {"kv": kind, "batch": batch, "context": ctx, "default": i == 0,
+                           **cfg, "us": ms * 1e3, "kv_bytes": read,
+                           "gb_s": read / (ms * 1e-3) / 1e9}
+                    if i == 0 and read < 2**25:  # small: launch-bound; also inside a graph
+                        row["us_in_cuda_graph_l2_warm"] = \
+                            triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+                    rows.append(row)
+                del cache, scales
+                torch.cuda.empty_cache()
+    return rows
+
+
+def _causal_flops(lens: list[int]) -> float:
+    return 4.0 * HD * H * sum(n * (n + 1) / 2 for n in lens)
+
+
+def bench_prefill(shapes: list[tuple[int, int]], sweep: bool) -> list[dict]:
+    """shapes: (sequences, tokens each), no cached prefix."""
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    rows = []
+    for nseq, n in shapes:
+        lens = [n] * nseq
+        cache, _, tables = _paged(nseq, n, "auto", gen)
+        T = nseq * n
+        q = torch.randn(T, H, HD, dtype=torch.bfloat16, device=DEV, generator=gen)
+        out = torch.empty_like(q)
+        ctx = torch.tensor(lens, dtype=torch.int32, device=DEV)
+        starts = torch.arange(0, T + 1, n, dtype=torch.int32, device=DEV)
+        flops = _causal_flops(lens)
+        configs = [{}]
+        if sweep and n >= 4096:
+            configs += [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
+                        for bm, bn, w, s in ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2),
+                                             (64, 64, 4, 3), (128, 32, 4, 2), (64, 128, 4, 2))]
+        for cfg in configs:
+            fn = lambda: triton_attention.paged_prefill(  # noqa: E731
+                q, cache, None, tables, ctx, starts, n, out, HD ** -0.5, BS, "auto", **cfg)
+            ms = triton.testing.do_bench(fn, warmup=20, rep=100)
+            rows.append({"impl": "triton_paged", "seqs": nseq, "tokens": n, **cfg,
+                         "us": ms * 1e3, "tflop_s": flops / (ms * 1e-3) / 1e12})
+        # the same attention, contiguous [B, H, n, hd], through SDPA's flash kernel
+        qc = torch.randn(nseq, H, n, HD, dtype=torch.bfloat16, device=DEV, generator=gen)
+        kc, vc = torch.randn_like(qc), torch.randn_like(qc)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            ms = triton.testing.do_bench(
+                lambda: F.scaled_dot_product_attention(qc, kc, vc, is_causal=True),
+                warmup=20, rep=100)
+        rows.append({"impl": "sdpa_flash", "seqs": nseq, "tokens": n, "us": ms * 1e3,
+                     "tflop_s": flops / (ms * 1e-3) / 1e12})
+        del cache, qc, kc, vc
+        torch.cuda.empty_cache()
+    return rows
+
+
+class _Steps:
+    """Step observer: durations grouped by (prefill tokens, decode tokens)."""
+
+    def __init__(self) -> None:
+        self.by_shape: dict[tuple[int, int], list[float]] = {}
+
+    def __call__(self, s: StepStats) -> None:
+        self.by_shape.setdefault((s.num_prefill_tokens, s.num_decode_tokens),
+                                 []).append(s.duration_s)
+
+    def worst_over_median(self) -> dict:
+        worst = {}
+        for (p, d), ts in self.by_shape.items():
+            if len(ts) >= 5:
+                worst[f"prefill={p},decode={d}"] = max(ts) / statistics.median(ts)
+        return worst
+
+
+def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(100, 30000, (n, length), generator=g).tolist()
+
+
+def _decode_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: int) -> float:
+    """Median decode-step time with ``batch`` sequences decoding (prefills excluded)."""
+    params = SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(_prompts(batch, prompt, seed)):
+        engine.add_request(f"r{seed}-{i}", p, params)
+    times = []
+    while engine.has_unfinished():
+        pending = engine.scheduler.waiting or any(
+            s.num_computed < len(s) - 1 for s in engine.scheduler.running)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        if not pending:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times[2:]) * 1e3
+
+
+def _ttft_ms(engine: LLMEngine, repeats: int = 5) -> tuple[float, list[float]]:
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    times = []
+    for r in range(repeats):
+        p = _prompts(1, 512, 200 + r)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        engine.generate(p, one)
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times), times
+
+
+def bench_engine(attention: str, long_context: bool) -> dict:
+    """long_context: also the max_model_len 32k engine (the dense references would gather
+    32k positions per sequence and layer there: triton only)."""
+    source = synthetic_source("llama-2-7b")
+    steps = _Steps()
+    res: dict = {}
+    common = dict(device="cuda", dtype="bfloat16", attention=attention,
+                  enable_prefix_caching=False, kv_cache_memory_gib=24)
+    engine = LLMEngine(EngineConfig(max_model_len=1024, max_num_seqs=64, **common), source,
+                       step_observer=steps)
+    res["kernel"] = engine.stats().attention_kernel
+    warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    for n in (3, 1):  # first shapes: allocator, cuBLAS heuristics
+        engine.generate(_prompts(n, 512, 90 + n), warm)
+    steps.by_shape.clear()
+    res["ttft_512_ms"], res["ttft_512_all_ms"] = _ttft_ms(engine)
+    res["tpot_batch1_ms"] = _decode_ms(engine, 1, 512, 64, 1)
+    res["tpot_batch64_ms"] = _decode_ms(engine, 64, 512, 64, 2)
+    res["tok_s_batch64"] = 64 / res["tpot_batch64_ms"] * 1e3
+    res["step_ms_batch32_ctx512_max_len_1k"] = _decode_ms(engine, 32, 480, 64, 3)
+    res["worst_step_over_median"] = steps.worst_over_median()
+    del engine
+    torch.cuda.empty_cache()
+    if long_context:
+        # Llama-2's preset stops at 4k positions; the cost under test does not depend on
+        # them, so the same shapes with a longer RoPE table
+        cfg = dataclasses.replace(source.config, max_position_embeddings=32768)
+        long = LLMEngine(EngineConfig(max_model_len=32768, max_num_seqs=32, **common),
+                         dataclasses.replace(source, config=cfg))
+        res["step_ms_batch32_ctx512_max_len_32k"] = _decode_ms(long, 32, 480, 64, 3)
+        res["ratio_32k_over_1k"] = (res["step_ms_batch32_ctx512_max_len_32k"]
+                                    / res["step_ms_batch32_ctx512_max_len_1k"])
+        del long
+        torch.cuda.empty_cache()
+    return res
+
+
+def bench_engine_kv(kinds: list[str]) -> dict:
+    """ms per decode step at batch 32, context about 4k, by KV cache dtype (triton): the
+    engine-level view of the quantised decode (64 x 4k would not fit a bf16 cache)."""
+    source = synthetic_source("llama-2-7b")
+    res = {}
+    for kind in kinds:
+        engine = LLMEngine(EngineConfig(
+            device="cuda", dtype="bfloat16", attention="triton", enable_prefix_caching=False,
+            kv_cache_memory_gib=72, max_model_len=4096, max_num_seqs=32,
+            kv_cache_dtype=kind), source)
+        res[kind] = _decode_ms(engine, 32, 4000, 64, 4)
+        del engine
+        torch.cuda.empty_cache()
+    return res
+
+
+SECTIONS = ("decode", "prefill", "engine", "engine_kv")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated subset of {', '.join(SECTIONS)}")
+    ap.add_argument("--sweep", action="store_true", help="also time other tile configs")
+    ap.add_argument("--engine-backends", default="triton,sdpa")
+    args = ap.parse_args(argv)
+    sections = set(args.sections.split(","))
+    res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "triton": triton.__version__, "date": time.strftime("%Y-%m-%d %H:%M")}
+    res["copy_gb_s"] = copy_bandwidth() / 1e9
+    # each section is saved as soon as it is done: a later failure keeps the earlier ones
+    if "decode" in sections:
+        res["decode"] = bench_decode([1, 8, 64], [512, 4096, 32768],
+                                     ["auto", "int8", "fp8_e4m3"], args.sweep)
+        _save(res, args.json)
+    if "prefill" in sections:
+        res["prefill"] = bench_prefill([(1, 512), (8, 512), (1, 4096), (4, 4096)], args.sweep)
+        _save(res, args.json)
+    if "engine" in sections:
+        res["engine"] = {}
+        for b in args.engine_backends.split(","):
+            res["engine"][b] = bench_engine(b, long_context=b == "triton")
+            _save(res, args.json)
+    if "engine_kv" in sections:
+        res["engine_step_ms_batch32_ctx4k_by_kv"] = bench_engine_kv(["auto", "int8"])
+    emit_json(res, args.json)
+    _summary(res)
+
+
+def _save(res: dict, path: Path | None) -> None:
+    if path:
+        path.write_text(json.dumps(res, indent=2) + "\n")
+
+
+def _summary(res: dict) -> None:
+    copy = res["copy_gb_s"]
+    print(f"copy {copy:.0f} GB/s")
+    for r in res.get("decode", []):
+        extra = {k: r[k] for k in ("block_n", "num_warps") if k in r}
+        print(f"decode {r['kv']:9s} B={r['batch']:3d} ctx={r['context']:6d} "
+              f"splits={r['num_splits']:2d} {r['us']:9.1f} us {r['gb_s']:7.0f} GB/s "
+              f"({r['gb_s'] / copy:.0%} of copy) {extra or ''} "
+              f"{r.get('us_in_cuda_graph_l2_warm', '')}")
+    for r in res.get("prefill", []):
+        print(f"prefill {r['impl']:13s} {r['seqs']}x{r['tokens']} {r['us']:9.1f} us "
+              f"{r['tflop_s']:6.1f} TFLOP/s {r.get('block_m', '')} {r.get('block_n', '')}")
+    for b, e in res.get("engine", {}).items():
+        print(b, {k: v for k, v in e.items() if not isinstance(v, (list, dict))})
+    if "engine_step_ms_batch32_ctx4k_by_kv" in res:
+        print("engine ms/step batch 32 ctx 4k by KV dtype",
+              res["engine_step_ms_batch32_ctx4k_by_kv"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""Triton kernels against the math reference on small shapes (CPU: TRITON_INTERPRET=1).
+
+Contexts of 1 token, exactly one block and one past it; GQA groups 1/4/8; head_dim 64/128;
+one and several splits; a prefill chunk starting mid-block after a prefix-cache hit; int8
+and fp8 caches against the dequantised reference; a mixed step (decodes + two prefill
+chunks) through ``Attention`` against the math backend.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.layers.attention import Attention, AttentionMetadata, math_attention
+from backend.layers.kv_cache import KVCache, dequantise
+
+triton_attention = pytest.importorskip("backend.layers.triton_attention")
+
+BS = 16  # tokens per block
+TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2}
+
+
+def _cache(kvh: int, hd: int, dtype: torch.dtype, kind: str, blocks: int = 12) -> KVCache:
+    return KVCache(1, blocks, BS, kvh, hd, dtype, kind, torch.device("cpu"))
+
+
+def _tables(lens: list[int], blocks: int, gen: torch.Generator) -> torch.Tensor:
+    """Scrambled, disjoint block tables [S, W] int32 covering each context."""
+    need = [-(-n // BS) for n in lens]
+    order = torch.randperm(blocks, generator=gen).tolist()
+    width, rows, i = max(need), [], 0
+    for nb in need:
+        rows.append(order[i:i + nb] + [0] * (width - nb))
+        i += nb
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+def _slots(table: torch.Tensor, positions: range) -> torch.Tensor:
+    return torch.tensor([int(table[p // BS]) * BS + p % BS for p in positions])
+
+
+def _fill(cache: KVCache, tables: torch.Tensor, lens: list[int], gen: torch.Generator) -> None:
+    """Random K/V for every context position, written by the store kernel."""
+    kvh, hd = cache.data.shape[3], cache.data.shape[4]
+    for row, n in enumerate(lens):
+        k = torch.randn(n, kvh, hd, generator=gen).to(cache.model_dtype)
+        v = torch.randn(n, kvh, hd, generator=gen).to(cache.model_dtype)
+        triton_attention.store_kv(k, v, _slots(tables[row], range(n)), cache.data[0],
+                                  None if cache.scales is None else cache.scales[0],
+                                  cache.kv_cache_dtype)
+
+
+def _context(cache: KVCache, table: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dequantised [kvh, n, hd] K and V of one sequence, through the reference gather."""
+    kv = cache.gather(0, _slots(table, range(n)))  # [n, 2, kvh, hd]
+    return kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+    """q: [n, H, hd] at positions prefix..prefix+n-1; k, v: [kvh, ctx, hd] -> [n, H, hd]."""
+    n, H, hd = q.shape
+    group = H // k.shape[0]
+    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    ctx = k.shape[1]
+    blocked = torch.arange(ctx)[None, :] > torch.arange(prefix, prefix + n)[:, None]
+    mask = torch.zeros(n, ctx).masked_fill_(blocked, -torch.inf)
+    return math_attention(q.transpose(0, 1).float(), k.float(), v.float(), mask,
+                          hd ** -0.5).transpose(0, 1)
+
+
+@pytest.mark.parametrize("kind,atol", [("auto", 0), ("int8", 0), ("fp8_e4m3", 0)])
+def test_store_kernel_matches_the_torch_write(kind: str, atol: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    a, b = _cache(2, 64, torch.float32, kind), _cache(2, 64, torch.float32, kind)
+    k = torch.randn(20, 2, 64, generator=gen) * torch.logspace(-2, 2, 20).view(20, 1, 1)
+    v = torch.randn(20, 2, 64, generator=gen)
+    slots = torch.randperm(12 * BS, generator=gen)[:20]
+    triton_attention.store_kv(k, v, slots, a.data[0], None if a.scales is None else a.scales[0],
+                              kind)
+    b.write(0, slots, k, v)
+    if kind == "fp8_e4m3":  # compare values: rounding may differ at ties
+        back_a = dequantise(a.data[0, slots], a.scales_at(0, slots), kind, torch.float32)
+        back_b = dequantise(b.data[0, slots], b.scales_at(0, slots), kind, torch.float32)
+        amax = torch.stack((k, v), 1).abs().amax(-1, keepdim=True)
+        assert ((back_a - back_b).abs() <= amax / 8).all()
+    else:
+        assert (a.data.float() - b.data.float()).abs().max() <= atol
+    if a.scales is not None:
+        torch.testing.assert_close(a.scales, b.scales)
+
+
+@pytest.mark.parametrize("dtype,group,hd,splits", [
+    (torch.float32, 1, 64, 1), (torch.float32, 4, 128, 4), (torch.bfloat16, 8, 64, 2),
+    (torch.bfloat16, 1, 128, 8)])
+def test_paged_decode_matches_reference(dtype: torch.dtype, group: int, hd: int,
+                                        splits: int) -> None:
+    gen = torch.Generator().manual_seed(1)
+    kvh, lens = 2, [1, BS, BS + 1, 40]
+    cache = _cache(kvh, hd, dtype, "auto")
+    tables = _tables(lens, cache.num_blocks, gen)
+    _fill(cache, tables, lens, gen)
+    q = torch.randn(len(lens), kvh * group, hd, generator=gen).to(dtype)
+    out = torch.empty_like(q)
+    triton_attention.paged_decode(q, cache.data[0], None, tables, torch.tensor(
+        lens, dtype=torch.int32), out, hd ** -0.5, BS, "auto", splits, block_n=16)
+    for i, n in enumerate(lens):
+        k, v = _context(cache, tables[i], n)
+        ref = _reference(q[i:i + 1], k, v, n - 1)[0]
+        torch.testing.assert_close(out[i].float(), ref.float(), atol=TOL[dtype],
+                                   rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8_e4m3"])
+def test_quantised_decode_and_prefill_match_the_dequantised_reference(kind: str) -> None:
+    gen = torch.Generator().manual_seed(2)
+    kvh, group, hd, lens = 2, 4, 64, [BS + 1, 37]
+    cache = _cache(kvh, hd, torch.bfloat16, kind)
+    tables = _tables(lens, cache.num_blocks, gen)
+    _fill(cache, tables, lens, gen)
+    scales, lens_t = cache.scales[0], torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(len(lens), kvh * group, hd, generator=gen).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    triton_attention.paged_decode(q, cache.data[0], scales, tables, lens_t, out, hd ** -0.5,
+                                  BS, kind, 2, block_n=16)
+    chunk = 9  # the last 9 positions of sequence 1 as a prefill chunk over its prefix
+    qp = torch.randn(chunk, kvh * group, hd, generator=gen).to(torch.bfloat16)
+    outp = torch.empty_like(qp)
+    triton_attention.paged_prefill(qp, cache.data[0], scales, tables[1:], lens_t[1:],
+                                   torch.tensor([0, chunk], dtype=torch.int32), chunk, outp,
+                                   hd ** -0.5, BS, kind, block_m=16, block_n=16)
+    for i, n in enumerate(lens):
+        k, v = _context(cache, tables[i], n)
+        ref = _reference(q[i:i + 1], k, v, n - 1)[0]
+        torch.testing.assert_close(out[i].float(), ref.float(), atol=3e-2, rtol=3e-2)
+    k, v = _context(cache, tables[1], lens[1])
+    torch.testing.assert_close(outp.float(), _reference(qp, k, v, lens[1] - chunk).float(),
+                               atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("dtype,group,hd", [(torch.float32, 1, 64), (torch.bfloat16, 4, 128)])
+def test_paged_prefill_over_a_prefix_hit_mid_block(dtype: torch.dtype, group: int,
+                                                   hd: int) -> None:
+    """Two chunks in one launch: a fresh prompt of 17 tokens, and 12 tokens after a cached
+    prefix of 21 (the chunk starts in the middle of the second block)."""
+    gen = torch.Generator().manual_seed(3)
+    kvh, prefixes, chunks = 2, [0, 21], [17, 12]
+    lens = [p + c for p, c in zip(prefixes, chunks)]
+    cache = _cache(kvh, hd, dtype, "auto")
+    tables = _tables(lens, cache.num_blocks, gen)
+    _fill(cache, tables, lens, gen)
+    T = sum(chunks) + 1  # one unrelated row first (a decode's place), left untouched
+    q = torch.randn(T, kvh * group, hd, generator=gen).to(dtype)
+    out = torch.zeros_like(q)
+    starts = torch.tensor([1, 1 + chunks[0], T], dtype=torch.int32)
+    triton_attention.paged_prefill(q, cache.data[0], None, tables, torch.tensor(
+        lens, dtype=torch.int32), starts, max(chunks), out, hd ** -0.5, BS, "auto",
+        block_m=16, block_n=16)
+    assert out[0].abs().max() == 0
+    for i in range(2):
+        rows = slice(int(starts[i]), int(starts[i + 1]))
+        k, v = _context(cache, tables[i], lens[i])
+        ref = _reference(q[rows], k, v, prefixes[i])
+        torch.testing.assert_close(out[rows].float(), ref.float(), atol=TOL[dtype],
+                                   rtol=TOL[dtype])
+
+
+def test_mixed_step_through_the_attention_layer_matches_math() -> None:
+    """Two decodes and two prefill chunks (one after a prefix hit) in one step: the triton
+    backend against the math backend, each writing the step's K/V into its own cache."""
+    gen = torch.Generator().manual_seed(4)
+    kvh, group, hd = 2, 2, 64
+    prior = [BS, 5, 0, 19]  # tokens already cached: decode, decode, fresh chunk, prefix hit
+    new = [1, 1, 10, 7]
+    lens = [p + n for p, n in zip(prior, new)]
+    tables = _tables(lens, 12, gen)
+    caches = {b: _cache(kvh, hd, torch.float32, "auto") for b in ("triton", "math")}
+    for cache in caches.values():
+        _fill(cache, tables, prior, torch.Generator().manual_seed(5))
+    T = sum(new)
+    q = torch.randn(T, kvh * group, hd, generator=gen)
+    k = torch.randn(T, kvh, hd, generator=gen)
+    v = torch.randn(T, kvh, hd, generator=gen)
+    slots = torch.cat([_slots(tables[i], range(prior[i], lens[i])) for i in range(4)])
+    starts = [0, 1, 2, 12, 19]
+    outs = {}
+    for name, cache in caches.items():
+        attn = Attention(kvh * group, kvh, hd, name, cache)
+        meta = attn.prepare(AttentionMetadata(
+            slot_mapping=slots, block_tables=tables,
+            context_lens=torch.tensor(lens, dtype=torch.int32),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32), num_decode=2,
+            prefill_spans=[(2, 10, lens[2]), (12, 7, lens[3])], max_decode_context=BS + 1,
+            min_decode_context=6))
+        outs[name] = attn.forward(0, q, k, v, meta)
+    torch.testing.assert_close(outs["triton"], outs["math"], atol=2e-4, rtol=2e-4)
