@@ -1,0 +1,1 @@
+"""Building blocks the model and the engine share: attention, KV cache, linear layers and their kernels."""

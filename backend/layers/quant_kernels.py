@@ -1,0 +1,188 @@
+"""Triton kernels for weight-only int8 / int4 matmuls on CUDA (decode: one token to a few
+dozen per step), plus the int4 packing they read and a torch dequantiser.
+
+Layouts:
+  * int8: q [N, K] int8, scale [N] (model dtype); y = (x @ q.T) * scale.
+  * int4: packed [N, K / 2] uint8 with packed[n, j] = code[n, j] | code[n, j + K/2] << 4 (the
+    two halves of a row share a byte, so one contiguous tile of bytes feeds two contiguous
+    tiles of x); scale / min [N, K / G] (model dtype); W = code * scale + min.
+
+``int8_matmul`` / ``int4_matmul`` pick a GEMV (one row of x: a reduction per output, fp32
+accumulate) or a tl.dot GEMM that dequantises each weight tile in registers (several rows).
+Both read each weight byte once per call, so decode moves 1/2 (int8) or ~1/4 (int4) of bf16's
+weight bytes. Under ``TRITON_INTERPRET=1`` they run on CPU tensors (the tests do that).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the CPU packed ops need no Triton
+    triton = None
+
+AVAILABLE = triton is not None and (torch.cuda.is_available()
+                                    or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] (0..15) -> [N, K / 2] uint8, low nibble = column j, high = j + K/2."""
+    half = codes.shape[1] // 2
+    c = codes.to(torch.uint8)
+    return (c[:, :half] | (c[:, half:] << 4)).contiguous()
+
+
+def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
+                    group_size: int) -> torch.Tensor:
+    """[N, K] in scale's dtype from the packed layout (large-batch path and tests)."""
+    codes = torch.cat((packed & 15, packed >> 4), dim=1)  # [N, K] uint8
+    N, K = codes.shape
+    g = codes.view(N, K // group_size, group_size).to(scale.dtype)
+    return (g * scale.unsqueeze(-1) + lo.unsqueeze(-1)).view(N, K)
+
+
+if triton is not None:
+    @triton.jit
+    def _int8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, N, K,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # y[n] = scale[n] * sum_k x[k] * q[n, k]; one program per BLOCK_N outputs.
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + rk
+            x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + rn[:, None] * K + k[None, :],
+                        mask=(rn[:, None] < N) & (k[None, :] < K), other=0)
+            acc += w.to(tl.float32) * x[None, :]
+        s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        y = tl.sum(acc, axis=1) * s
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+    @triton.jit
+    def _int8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # y[m, n] = scale[n] * sum_k x[m, k] q[n, k]; weight tiles dequantised in registers.
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + rk
+            x = tl.load(x_ptr + rm[:, None] * K + k[None, :],
+                        mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
+            w = tl.load(w_ptr + rn[None, :] * K + k[:, None],
+                        mask=(rn[None, :] < N) & (k[:, None] < K), other=0)  # [BK, BN]
+            acc = tl.dot(x, w.to(x.dtype), acc)
+        s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        y = acc * s[None, :]
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    @triton.jit
+    def _int4_gemv(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K,
+                   G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # Byte j of a row holds columns j (low nibble) and j + K/2 (high nibble).
+        half = K // 2
+        ng = K // G
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        nmask = rn[:, None] < N
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for j0 in range(0, half, BLOCK_K):
+            j = j0 + rk
+            jm = j[None, :] < half
+            b = tl.load(p_ptr + rn[:, None] * half + j[None, :], mask=nmask & jm, other=0)
+            x_lo = tl.load(x_ptr + j, mask=j < half, other=0.0).to(tl.float32)
+            x_hi = tl.load(x_ptr + half + j, mask=j < half, other=0.0).to(tl.float32)
+            g_lo = rn[:, None] * ng + j[None, :] // G
+            g_hi = rn[:, None] * ng + (j[None, :] + half) // G
+            w_lo = ((b & 15).to(tl.float32) * tl.load(s_ptr + g_lo, mask=nmask & jm, other=0.0)
+                    .to(tl.float32) + tl.load(z_ptr + g_lo, mask=nmask & jm, other=0.0)
+                    .to(tl.float32))
+            w_hi = ((b >> 4).to(tl.float32) * tl.load(s_ptr + g_hi, mask=nmask & jm, other=0.0)
+                    .to(tl.float32) + tl.load(z_ptr + g_hi, mask=nmask & jm, other=0.0)
+                    .to(tl.float32))
+            acc += w_lo * x_lo[None, :] + w_hi * x_hi[None, :]
+        y = tl.sum(acc, axis=1)
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+    @triton.jit
+    def _int4_gemm(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, M, N, K,
+                   G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+        half = K // 2
+        ng = K // G
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        mmask, nmask = rm[:, None] < M, rn[None, :] < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for j0 in range(0, half, BLOCK_K):
+            j = j0 + rk
+            jm = j[:, None] < half
+            b = tl.load(p_ptr + rn[None, :] * half + j[:, None], mask=nmask & jm, other=0)
+            x_lo = tl.load(x_ptr + rm[:, None] * K + j[None, :],
+                           mask=mmask & (j[None, :] < half), other=0.0)
+            x_hi = tl.load(x_ptr + rm[:, None] * K + half + j[None, :],
+                           mask=mmask & (j[None, :] < half), other=0.0)
+            g_lo = rn[None, :] * ng + j[:, None] // G  # [BK, BN]
+            g_hi = rn[None, :] * ng + (j[:, None] + half) // G
+            w_lo = ((b & 15).to(tl.float32) * tl.load(s_ptr + g_lo, mask=nmask & jm, other=0.0)
+                    .to(tl.float32) + tl.load(z_ptr + g_lo, mask=nmask & jm, other=0.0)
+                    .to(tl.float32))
+            w_hi = ((b >> 4).to(tl.float32) * tl.load(s_ptr + g_hi, mask=nmask & jm, other=0.0)
+                    .to(tl.float32) + tl.load(z_ptr + g_hi, mask=nmask & jm, other=0.0)
+                    .to(tl.float32))
+            acc = tl.dot(x_lo, w_lo.to(x_lo.dtype), acc)
+            acc = tl.dot(x_hi, w_hi.to(x_hi.dtype), acc)
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=mmask & nmask)
+
+
+def _gemm_blocks(M: int, N: int) -> tuple[int, int]:
+    """BLOCK_M covers the batch (tl.dot needs >= 16); narrow BLOCK_N keeps enough programs
+    in flight to saturate memory when M is small."""
+    block_m = 16 if M <= 16 else 32 if M <= 32 else 64
+    block_n = 32 if N <= 8192 else 64
+    return block_m, block_n
+
+
+def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ (q [N, K] int8 * scale [N]).T -> [M, N] in x's dtype."""
+    M, K = x.shape
+    N = q.shape[0]
+    x = x.contiguous()
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    if M == 1:
+        block_n = 16
+        _int8_gemv[(triton.cdiv(N, block_n),)](x, q, scale, y, N, K, BLOCK_N=block_n,
+                                                BLOCK_K=256)
+    else:
+        bm, bn = _gemm_blocks(M, N)
+        _int8_gemm[(triton.cdiv(M, bm), triton.cdiv(N, bn))](x, q, scale, y, M, N, K,
+                                                             BLOCK_M=bm, BLOCK_N=bn,
+                                                             BLOCK_K=128)
+    return y
+
+
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
+                group_size: int) -> torch.Tensor:
+    """x [M, K] @ W.T with W unpacked from (packed [N, K/2], scale/min [N, K/G]) -> [M, N]."""
+    M, K = x.shape
+    N = packed.shape[0]
+    x = x.contiguous()
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    if M == 1:
+        block_n = 16
+        _int4_gemv[(triton.cdiv(N, block_n),)](x, packed, scale, lo, y, N, K, G=group_size,
+                                                BLOCK_N=block_n, BLOCK_K=128)
+    else:
+        bm, bn = _gemm_blocks(M, N)
+        _int4_gemm[(triton.cdiv(M, bm), triton.cdiv(N, bn))](x, packed, scale, lo, y, M, N, K,
+                                                             G=group_size, BLOCK_M=bm,
+                                                             BLOCK_N=bn, BLOCK_K=64)
+    return y
