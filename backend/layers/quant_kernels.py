@@ -44,7 +44,34 @@ def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
     return (g * scale.unsqueeze(-1) + lo.unsqueeze(-1)).view(N, K)
 
 
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _configs(params: list[dict], warps: list[int], stages: int = 3) -> list:
+    """Autotuning candidates (the interpreter runs the first only: it checks values, and
+    timing it means nothing)."""
+    configs = [triton.Config(p, num_warps=w, num_stages=stages) for p, w in zip(params, warps)]
+    return configs[:1] if INTERPRET else configs
+
+
 if triton is not None:
+    _GEMV8 = _configs([dict(BLOCK_N=16, BLOCK_K=512), dict(BLOCK_N=8, BLOCK_K=512),
+                       dict(BLOCK_N=32, BLOCK_K=256), dict(BLOCK_N=16, BLOCK_K=1024),
+                       dict(BLOCK_N=64, BLOCK_K=128), dict(BLOCK_N=4, BLOCK_K=1024)],
+                      [4, 4, 4, 8, 4, 4])
+    # int4: BLOCK_K bytes = GROUPS groups of G columns from each half of a row.
+    _GEMV4 = _configs([dict(BLOCK_N=16, GROUPS=4), dict(BLOCK_N=8, GROUPS=8),
+                       dict(BLOCK_N=32, GROUPS=2), dict(BLOCK_N=16, GROUPS=8),
+                       dict(BLOCK_N=64, GROUPS=1), dict(BLOCK_N=4, GROUPS=8)],
+                      [4, 4, 4, 8, 4, 4])
+    _GEMM8 = _configs([dict(BLOCK_N=64, BLOCK_K=128), dict(BLOCK_N=32, BLOCK_K=128),
+                       dict(BLOCK_N=128, BLOCK_K=64), dict(BLOCK_N=32, BLOCK_K=256),
+                       dict(BLOCK_N=64, BLOCK_K=256)], [4, 4, 4, 4, 8], stages=4)
+    _GEMM4 = _configs([dict(BLOCK_N=64, GROUPS=2), dict(BLOCK_N=32, GROUPS=4),
+                       dict(BLOCK_N=128, GROUPS=1), dict(BLOCK_N=32, GROUPS=2),
+                       dict(BLOCK_N=64, GROUPS=4)], [4, 4, 4, 4, 8], stages=4)
+
+    @triton.autotune(configs=_GEMV8, key=["N", "K"])
     @triton.jit
     def _int8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, N, K,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -62,8 +89,9 @@ if triton is not None:
         y = tl.sum(acc, axis=1) * s
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
+    @triton.autotune(configs=_GEMM8, key=["N", "K", "M_BUCKET"])
     @triton.jit
-    def _int8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K,
+    def _int8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, M_BUCKET,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # y[m, n] = scale[n] * sum_k x[m, k] q[n, k]; weight tiles dequantised in registers.
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -82,73 +110,88 @@ if triton is not None:
         tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(y_ptr.dtype.element_ty),
                  mask=(rm[:, None] < M) & (rn[None, :] < N))
 
+    @triton.autotune(configs=_GEMV4, key=["N", "K", "G"])
     @triton.jit
     def _int4_gemv(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K,
-                   G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # Byte j of a row holds columns j (low nibble) and j + K/2 (high nibble).
+                   G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+        # Byte j of a row holds columns j (low nibble) and j + K/2 (high nibble). Per group:
+        # sum_k (q s + m) x = s * sum_k q x + m * sum_k x, so scales load once per group.
+        BLOCK_K: tl.constexpr = GROUPS * G
         half = K // 2
         ng = K // G
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
+        rg = tl.arange(0, GROUPS)
         nmask = rn[:, None] < N
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
         for j0 in range(0, half, BLOCK_K):
             j = j0 + rk
-            jm = j[None, :] < half
-            b = tl.load(p_ptr + rn[:, None] * half + j[None, :], mask=nmask & jm, other=0)
-            x_lo = tl.load(x_ptr + j, mask=j < half, other=0.0).to(tl.float32)
-            x_hi = tl.load(x_ptr + half + j, mask=j < half, other=0.0).to(tl.float32)
-            g_lo = rn[:, None] * ng + j[None, :] // G
-            g_hi = rn[:, None] * ng + (j[None, :] + half) // G
-            w_lo = ((b & 15).to(tl.float32) * tl.load(s_ptr + g_lo, mask=nmask & jm, other=0.0)
-                    .to(tl.float32) + tl.load(z_ptr + g_lo, mask=nmask & jm, other=0.0)
-                    .to(tl.float32))
-            w_hi = ((b >> 4).to(tl.float32) * tl.load(s_ptr + g_hi, mask=nmask & jm, other=0.0)
-                    .to(tl.float32) + tl.load(z_ptr + g_hi, mask=nmask & jm, other=0.0)
-                    .to(tl.float32))
-            acc += w_lo * x_lo[None, :] + w_hi * x_hi[None, :]
+            jm = j < half
+            b = tl.load(p_ptr + rn[:, None] * half + j[None, :], mask=nmask & jm[None, :],
+                        other=0)  # [BN, BK] uint8
+            x_lo = tl.load(x_ptr + j, mask=jm, other=0.0).to(tl.float32)
+            x_hi = tl.load(x_ptr + half + j, mask=jm, other=0.0).to(tl.float32)
+            qx_lo = tl.sum(tl.reshape((b & 15).to(tl.float32) * x_lo[None, :],
+                                      (BLOCK_N, GROUPS, G)), axis=2)  # [BN, GROUPS]
+            qx_hi = tl.sum(tl.reshape((b >> 4).to(tl.float32) * x_hi[None, :],
+                                      (BLOCK_N, GROUPS, G)), axis=2)
+            xs_lo = tl.sum(tl.reshape(x_lo, (GROUPS, G)), axis=1)  # [GROUPS]
+            xs_hi = tl.sum(tl.reshape(x_hi, (GROUPS, G)), axis=1)
+            g_lo = j0 // G + rg
+            g_hi = (j0 + half) // G + rg
+            gm = nmask & (g_lo[None, :] < half // G)
+            s_lo = tl.load(s_ptr + rn[:, None] * ng + g_lo[None, :], mask=gm, other=0.0)
+            z_lo = tl.load(z_ptr + rn[:, None] * ng + g_lo[None, :], mask=gm, other=0.0)
+            s_hi = tl.load(s_ptr + rn[:, None] * ng + g_hi[None, :], mask=gm, other=0.0)
+            z_hi = tl.load(z_ptr + rn[:, None] * ng + g_hi[None, :], mask=gm, other=0.0)
+            acc += (s_lo.to(tl.float32) * qx_lo + z_lo.to(tl.float32) * xs_lo[None, :]
+                    + s_hi.to(tl.float32) * qx_hi + z_hi.to(tl.float32) * xs_hi[None, :])
         y = tl.sum(acc, axis=1)
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
+    @triton.autotune(configs=_GEMM4, key=["N", "K", "G", "M_BUCKET"])
     @triton.jit
-    def _int4_gemm(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, M, N, K,
+    def _int4_gemm(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, M, N, K, M_BUCKET,
                    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
+                   GROUPS: tl.constexpr):
+        BLOCK_K: tl.constexpr = GROUPS * G
         half = K // 2
         ng = K // G
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
+        rg = tl.arange(0, GROUPS)
         mmask, nmask = rm[:, None] < M, rn[None, :] < N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for j0 in range(0, half, BLOCK_K):
             j = j0 + rk
             jm = j[:, None] < half
-            b = tl.load(p_ptr + rn[None, :] * half + j[:, None], mask=nmask & jm, other=0)
+            b = tl.load(p_ptr + rn[None, :] * half + j[:, None], mask=nmask & jm,
+                        other=0)  # [BK, BN]
             x_lo = tl.load(x_ptr + rm[:, None] * K + j[None, :],
                            mask=mmask & (j[None, :] < half), other=0.0)
             x_hi = tl.load(x_ptr + rm[:, None] * K + half + j[None, :],
                            mask=mmask & (j[None, :] < half), other=0.0)
-            g_lo = rn[None, :] * ng + j[:, None] // G  # [BK, BN]
-            g_hi = rn[None, :] * ng + (j[:, None] + half) // G
-            w_lo = ((b & 15).to(tl.float32) * tl.load(s_ptr + g_lo, mask=nmask & jm, other=0.0)
-                    .to(tl.float32) + tl.load(z_ptr + g_lo, mask=nmask & jm, other=0.0)
-                    .to(tl.float32))
-            w_hi = ((b >> 4).to(tl.float32) * tl.load(s_ptr + g_hi, mask=nmask & jm, other=0.0)
-                    .to(tl.float32) + tl.load(z_ptr + g_hi, mask=nmask & jm, other=0.0)
-                    .to(tl.float32))
+            g_lo = j0 // G + rg
+            g_hi = (j0 + half) // G + rg
+            gm = nmask & (g_lo[:, None] < half // G)  # [GROUPS, BN]
+            s_lo = tl.load(s_ptr + rn[None, :] * ng + g_lo[:, None], mask=gm, other=0.0)
+            z_lo = tl.load(z_ptr + rn[None, :] * ng + g_lo[:, None], mask=gm, other=0.0)
+            s_hi = tl.load(s_ptr + rn[None, :] * ng + g_hi[:, None], mask=gm, other=0.0)
+            z_hi = tl.load(z_ptr + rn[None, :] * ng + g_hi[:, None], mask=gm, other=0.0)
+            q_lo = tl.reshape((b & 15).to(s_lo.dtype), (GROUPS, G, BLOCK_N))
+            q_hi = tl.reshape((b >> 4).to(s_hi.dtype), (GROUPS, G, BLOCK_N))
+            w_lo = tl.reshape(q_lo * s_lo[:, None, :] + z_lo[:, None, :], (BLOCK_K, BLOCK_N))
+            w_hi = tl.reshape(q_hi * s_hi[:, None, :] + z_hi[:, None, :], (BLOCK_K, BLOCK_N))
             acc = tl.dot(x_lo, w_lo.to(x_lo.dtype), acc)
             acc = tl.dot(x_hi, w_hi.to(x_hi.dtype), acc)
         tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=mmask & nmask)
 
 
-def _gemm_blocks(M: int, N: int) -> tuple[int, int]:
-    """BLOCK_M covers the batch (tl.dot needs >= 16); narrow BLOCK_N keeps enough programs
-    in flight to saturate memory when M is small."""
-    block_m = 16 if M <= 16 else 32 if M <= 32 else 64
-    block_n = 32 if N <= 8192 else 64
-    return block_m, block_n
+def _block_m(M: int) -> int:
+    """BLOCK_M covers the batch (tl.dot needs >= 16); the autotuner keys on it too."""
+    return 16 if M <= 16 else 32 if M <= 32 else 64
 
 
 def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -158,14 +201,12 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     x = x.contiguous()
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     if M == 1:
-        block_n = 16
-        _int8_gemv[(triton.cdiv(N, block_n),)](x, q, scale, y, N, K, BLOCK_N=block_n,
-                                                BLOCK_K=256)
+        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+        _int8_gemv[grid](x, q, scale, y, N, K)
     else:
-        bm, bn = _gemm_blocks(M, N)
-        _int8_gemm[(triton.cdiv(M, bm), triton.cdiv(N, bn))](x, q, scale, y, M, N, K,
-                                                             BLOCK_M=bm, BLOCK_N=bn,
-                                                             BLOCK_K=128)
+        bm = _block_m(M)
+        grid = lambda meta: (triton.cdiv(M, bm), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
+        _int8_gemm[grid](x, q, scale, y, M, N, K, bm, BLOCK_M=bm)
     return y
 
 
@@ -177,12 +218,10 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
     x = x.contiguous()
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     if M == 1:
-        block_n = 16
-        _int4_gemv[(triton.cdiv(N, block_n),)](x, packed, scale, lo, y, N, K, G=group_size,
-                                                BLOCK_N=block_n, BLOCK_K=128)
+        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+        _int4_gemv[grid](x, packed, scale, lo, y, N, K, G=group_size)
     else:
-        bm, bn = _gemm_blocks(M, N)
-        _int4_gemm[(triton.cdiv(M, bm), triton.cdiv(N, bn))](x, packed, scale, lo, y, M, N, K,
-                                                             G=group_size, BLOCK_M=bm,
-                                                             BLOCK_N=bn, BLOCK_K=64)
+        bm = _block_m(M)
+        grid = lambda meta: (triton.cdiv(M, bm), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
+        _int4_gemm[grid](x, packed, scale, lo, y, M, N, K, bm, G=group_size, BLOCK_M=bm)
     return y
