@@ -66,10 +66,11 @@ if triton is not None:
                       [4, 4, 4, 8, 4, 4])
     _GEMM8 = _configs([dict(BLOCK_N=64, BLOCK_K=128), dict(BLOCK_N=32, BLOCK_K=128),
                        dict(BLOCK_N=128, BLOCK_K=64), dict(BLOCK_N=32, BLOCK_K=256),
-                       dict(BLOCK_N=64, BLOCK_K=256)], [4, 4, 4, 4, 8], stages=4)
-    _GEMM4 = _configs([dict(BLOCK_N=64, GROUPS=2), dict(BLOCK_N=32, GROUPS=4),
-                       dict(BLOCK_N=128, GROUPS=1), dict(BLOCK_N=32, GROUPS=2),
-                       dict(BLOCK_N=64, GROUPS=4)], [4, 4, 4, 4, 8], stages=4)
+                       dict(BLOCK_N=64, BLOCK_K=256)], [4, 4, 4, 4, 8], stages=3)
+    # Two pipeline stages: a tile of G=128 groups with x for both halves fills shared memory.
+    _GEMM4 = _configs([dict(BLOCK_N=64, GROUPS=1), dict(BLOCK_N=32, GROUPS=2),
+                       dict(BLOCK_N=128, GROUPS=1), dict(BLOCK_N=32, GROUPS=1),
+                       dict(BLOCK_N=64, GROUPS=2)], [4, 4, 4, 4, 8], stages=2)
 
     @triton.autotune(configs=_GEMV8, key=["N", "K"])
     @triton.jit
