@@ -261,7 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         result.update(asyncio.run(measure(base, model, hf, prompts, args)))
         result["backend"].update(command=f"python -m backend --model {args.model} "
                                          f"{args.backend_args}".strip(),
-                                 attention_kernel=health["attention_kernel"], dtype=health.get("dtype"))
+                                 attention_kernel=health["attention_kernel"], dtype=health.get("dtype"),
+                                 weights_dtype=health.get("weights_dtype"),
+                                 linear_kernel=health.get("linear_kernel"),
+                                 lm_head_dtype=health.get("lm_head_dtype"))
         if hf:
             result["transformers"]["version"] = hf.version
     finally:
