@@ -195,34 +195,28 @@ def _block_m(M: int) -> int:
     return 16 if M <= 16 else 32 if M <= 32 else 64
 
 
-def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ (q [N, K] int8 * scale [N]).T -> [M, N] in x's dtype."""
+def _launch(gemv, gemm, x: torch.Tensor, N: int, weights: tuple, **consts) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ W.T: the GEMV for one row, else the GEMM over BLOCK_M rows."""
     M, K = x.shape
-    N = q.shape[0]
     x = x.contiguous()
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     if M == 1:
         grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-        _int8_gemv[grid](x, q, scale, y, N, K)
+        gemv[grid](x, *weights, y, N, K, **consts)
     else:
         bm = _block_m(M)
         grid = lambda meta: (triton.cdiv(M, bm), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
-        _int8_gemm[grid](x, q, scale, y, M, N, K, bm, BLOCK_M=bm)
+        gemm[grid](x, *weights, y, M, N, K, bm, BLOCK_M=bm, **consts)
     return y
+
+
+def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ (q [N, K] int8 * scale [N]).T -> [M, N] in x's dtype."""
+    return _launch(_int8_gemv, _int8_gemm, x, q.shape[0], (q, scale))
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
                 group_size: int) -> torch.Tensor:
     """x [M, K] @ W.T with W unpacked from (packed [N, K/2], scale/min [N, K/G]) -> [M, N]."""
-    M, K = x.shape
-    N = packed.shape[0]
-    x = x.contiguous()
-    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    if M == 1:
-        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-        _int4_gemv[grid](x, packed, scale, lo, y, N, K, G=group_size)
-    else:
-        bm = _block_m(M)
-        grid = lambda meta: (triton.cdiv(M, bm), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
-        _int4_gemm[grid](x, packed, scale, lo, y, M, N, K, bm, G=group_size, BLOCK_M=bm)
-    return y
+    return _launch(_int4_gemv, _int4_gemm, x, packed.shape[0], (packed, scale, lo),
+                   G=group_size)
