@@ -35,6 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto = triton on CUDA, sdpa on CPU; triton on CPU needs "
                         "TRITON_INTERPRET=1")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8", "fp8_e4m3"))
+    p.add_argument("--weights-dtype", default="auto",
+                   choices=("auto", "bf16", "fp16", "fp32", "int8", "int4"),
+                   help="linear-layer weights: auto keeps a GGUF's Q8_0/Q4_0/Q4_1 codes "
+                        "(int8/int4), else the model dtype; int8 = per output channel, "
+                        "int4 = group-wise (default: %(default)s)")
+    p.add_argument("--int4-group-size", type=int, default=32, choices=(32, 64, 128, 256),
+                   help="inputs per int4 scale/min pair (default: %(default)s)")
+    p.add_argument("--lm-head-dtype", default="model", choices=("model", "int8", "int4"),
+                   help="the output projection's weights (default: the model dtype)")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB",
                    help="KV cache size in GiB (default: sized from free memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -58,6 +67,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, scheduling=args.scheduling,
         attention=args.attention, kv_cache_dtype=args.kv_cache_dtype,
+        weights_dtype=args.weights_dtype, int4_group_size=args.int4_group_size,
+        lm_head_dtype=args.lm_head_dtype,
         kv_cache_memory_gib=args.kv_cache_memory, block_size=args.block_size,
         cuda_graph=args.cuda_graph, nvtx=args.nvtx, nvtx_prefix=args.nvtx_prefix,
         max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching)

@@ -8,7 +8,9 @@ each at load time, so a layer costs two norms, four matmuls and a handful of ele
 
 ``forward`` takes a flat, varlen token batch (decodes and prefill chunks mixed), the shared
 paged ``Attention`` layer and its step metadata (``backend.layers.attention``); it returns
-float32 logits only for the rows the engine samples.
+float32 logits only for the rows the engine samples. Linear layers come from
+``backend.layers.linear`` in the weight format asked for (dense or weight-only int8/int4);
+embeddings and the LM head stay in the model dtype unless asked.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from backend.layers.attention import Attention, AttentionMetadata
+from backend.layers.linear import DenseLinear, Linear, LinearRows, WeightFormat, make_linear
+from backend.layers.quantize import GroupQuantized
 from backend.profiling.ranges import stage
 
 
@@ -56,17 +60,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class DecoderLayer:
-    def __init__(self, cfg, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, cfg, device: torch.device, dtype: torch.dtype,
+                 fmt: WeightFormat = WeightFormat()) -> None:
         hd, H, kvh = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         hidden, inter = cfg.hidden_size, cfg.intermediate_size
         new = lambda *shape: torch.empty(*shape, device=device, dtype=dtype)  # noqa: E731
+        linear = lambda n, k, bias=False: make_linear(fmt, n, k, bias, device, dtype)  # noqa: E731
         self.input_norm = new(hidden)
-        self.qkv_w = new((H + 2 * kvh) * hd, hidden)  # rows: q heads | k heads | v heads
-        self.qkv_b = new((H + 2 * kvh) * hd) if cfg.attention_bias else None
-        self.o_w = new(hidden, H * hd)
+        # rows: q heads | k heads | v heads
+        self.qkv = linear((H + 2 * kvh) * hd, hidden, cfg.attention_bias)
+        self.o = linear(hidden, H * hd)
         self.post_norm = new(hidden)
-        self.gate_up_w = new(2 * inter, hidden)  # rows: gate | up
-        self.down_w = new(hidden, inter)
+        self.gate_up = linear(2 * inter, hidden)  # rows: gate | up
+        self.down = linear(hidden, inter)
         self.eps = cfg.rms_norm_eps
         self.H, self.kvh, self.hd, self.inter = H, kvh, hd, inter
 
@@ -75,45 +81,57 @@ class DecoderLayer:
         T, hidden = x.shape  # x: [T, hidden]
         H, kvh, hd = self.H, self.kvh, self.hd
         h = F.rms_norm(x, (hidden,), self.input_norm, self.eps)
-        qkv = F.linear(h, self.qkv_w, self.qkv_b)  # [T, (H + 2 kvh) * hd]
+        qkv = self.qkv(h)  # [T, (H + 2 kvh) * hd]
         qk = qkv[:, : (H + kvh) * hd].view(T, H + kvh, hd)
         qk.copy_(apply_rope(qk, cos, sin))  # in place: q, k, v stay views of qkv
         q = qkv[:, : H * hd].view(T, H, hd)
         kv = qkv[:, H * hd:].view(T, 2, kvh, hd)
         with stage("attention"):  # a profiler range only while a capture runs
             out = attn.forward(idx, q, kv[:, 0], kv[:, 1], meta)  # [T, heads * head_dim]
-        x = x + F.linear(out, self.o_w)  # [T, hidden]
+        x = x + self.o(out)  # [T, hidden]
         h = F.rms_norm(x, (hidden,), self.post_norm, self.eps)
-        gate_up = F.linear(h, self.gate_up_w)  # [T, 2 * inter]
+        gate_up = self.gate_up(h)  # [T, 2 * inter]
         act = F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter:]
-        return x + F.linear(act, self.down_w)
+        return x + self.down(act)
 
-    def tensors(self, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, destination view) pairs; fused matrices are filled slice by slice."""
+    def tensors(self, prefix: str) -> Iterator[tuple[str, torch.Tensor | LinearRows]]:
+        """(HF name, destination) pairs; fused matrices are filled slice by slice."""
         H, kvh, hd, inter = self.H, self.kvh, self.hd, self.inter
         qs, ks = slice(0, H * hd), slice(H * hd, (H + kvh) * hd)
         vs = slice((H + kvh) * hd, (H + 2 * kvh) * hd)
         yield f"{prefix}.input_layernorm.weight", self.input_norm
         yield f"{prefix}.post_attention_layernorm.weight", self.post_norm
         for proj, rows in (("q", qs), ("k", ks), ("v", vs)):
-            yield f"{prefix}.self_attn.{proj}_proj.weight", self.qkv_w[rows]
-            if self.qkv_b is not None:
-                yield f"{prefix}.self_attn.{proj}_proj.bias", self.qkv_b[rows]
-        yield f"{prefix}.self_attn.o_proj.weight", self.o_w
-        yield f"{prefix}.mlp.gate_proj.weight", self.gate_up_w[: inter]
-        yield f"{prefix}.mlp.up_proj.weight", self.gate_up_w[inter:]
-        yield f"{prefix}.mlp.down_proj.weight", self.down_w
+            yield f"{prefix}.self_attn.{proj}_proj.weight", LinearRows(self.qkv, rows)
+            if self.qkv.bias is not None:
+                yield f"{prefix}.self_attn.{proj}_proj.bias", self.qkv.bias[rows]
+        yield f"{prefix}.self_attn.o_proj.weight", LinearRows(self.o)
+        yield f"{prefix}.mlp.gate_proj.weight", LinearRows(self.gate_up, slice(0, inter))
+        yield f"{prefix}.mlp.up_proj.weight", LinearRows(self.gate_up, slice(inter, 2 * inter))
+        yield f"{prefix}.mlp.down_proj.weight", LinearRows(self.down)
 
 
 class LlamaModel:
     def __init__(self, cfg, device: torch.device | str, dtype: torch.dtype,
-                 max_len: int | None = None, seed: int = 0, random_init: bool = True) -> None:
+                 max_len: int | None = None, seed: int = 0, random_init: bool = True,
+                 weight_format: WeightFormat = WeightFormat(),
+                 lm_head_format: WeightFormat = WeightFormat()) -> None:
+        """``weight_format``: every linear layer of the blocks; ``lm_head_format``: the
+        output projection (dense = the model dtype; a tied head quantised gets its own
+        quantised copy of the embedding, which stays dense for the lookup)."""
         device = torch.device(device)
         self.cfg, self.device, self.dtype = cfg, device, dtype
+        self.weight_format, self.lm_head_format = weight_format, lm_head_format
         self.embed = torch.empty(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
-        self.layers = [DecoderLayer(cfg, device, dtype) for _ in range(cfg.num_hidden_layers)]
+        self.layers = [DecoderLayer(cfg, device, dtype, weight_format)
+                       for _ in range(cfg.num_hidden_layers)]
         self.norm = torch.empty(cfg.hidden_size, device=device, dtype=dtype)
-        self.lm_head = self.embed if cfg.tie_word_embeddings else torch.empty_like(self.embed)
+        self.tied_head_copy = cfg.tie_word_embeddings and lm_head_format.kind != "dense"
+        if cfg.tie_word_embeddings and not self.tied_head_copy:
+            self.lm_head: Linear = DenseLinear.over(self.embed)
+        else:
+            self.lm_head = make_linear(lm_head_format, cfg.vocab_size, cfg.hidden_size, False,
+                                       device, dtype)
         max_len = max_len or cfg.max_position_embeddings
         inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)  # [L, hd / 2]
@@ -131,20 +149,29 @@ class LlamaModel:
                 t.fill_(1.0)
             elif name.endswith(".bias"):
                 t.zero_()
+            elif isinstance(t, LinearRows):
+                t.load(torch.empty(t.shape, device=self.device, dtype=self.dtype)
+                       .normal_(0.0, 0.02, generator=gen))
             else:
                 t.normal_(0.0, 0.02, generator=gen)
+        self._fill_tied_head()
 
-    def _destinations(self) -> dict[str, torch.Tensor]:
+    def _fill_tied_head(self) -> None:
+        if self.tied_head_copy:
+            self.lm_head.load_rows(slice(None), self.embed)
+
+    def _destinations(self) -> dict[str, torch.Tensor | LinearRows]:
         dest = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm}
         if not self.cfg.tie_word_embeddings:
-            dest["lm_head.weight"] = self.lm_head
+            dest["lm_head.weight"] = LinearRows(self.lm_head)
         for i, layer in enumerate(self.layers):
             dest.update(layer.tensors(f"model.layers.{i}"))
         return dest
 
     @torch.inference_mode()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors in (any dtype/device); every destination must be filled."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | GroupQuantized]]) -> None:
+        """Copy HF-named tensors in (any dtype/device), or a file's quantised codes (kept
+        as they are where the layer's format matches); every destination must be filled."""
         dest = self._destinations()
         missing = set(dest)
         for name, tensor in weights:
@@ -157,10 +184,16 @@ class LlamaModel:
             if tuple(tensor.shape) != tuple(dest[name].shape):
                 raise ValueError(f"weight {name}: shape {tuple(tensor.shape)}, "
                                  f"expected {tuple(dest[name].shape)}")
-            dest[name].copy_(tensor)
+            target = dest[name]
+            if isinstance(target, LinearRows):
+                target.load(tensor)
+            else:
+                target.copy_(tensor.dequantize() if isinstance(tensor, GroupQuantized)
+                             else tensor)
             missing.discard(name)
         if missing:
             raise KeyError(f"weights missing from the checkpoint: {sorted(missing)[:8]}")
+        self._fill_tied_head()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Attention,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
@@ -172,4 +205,4 @@ class LlamaModel:
             x = layer.forward(i, x, cos, sin, attn, meta)
         x = x.index_select(0, logits_indices)  # [N, hidden]: the final norm is per token
         x = F.rms_norm(x, (x.shape[-1],), self.norm, self.cfg.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()  # [N, vocab]
+        return self.lm_head(x).float()  # [N, vocab]

@@ -28,6 +28,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import aiohttp
 
@@ -88,7 +89,8 @@ def start_backend(args: argparse.Namespace) -> tuple[subprocess.Popen, str, list
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
-    """One streamed completion: send time, content-chunk times, usage, server timings."""
+    """One streamed completion: send time, content-chunk times, usage, server timings.
+    A server that sends no usage (llama.cpp's) counts one token per content chunk."""
     t0 = time.perf_counter()
     stamps, usage, server = [], None, None
     framer = SSEFramer()
@@ -104,34 +106,40 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
                 server = chunk.get("firsttoken_timings") or server
                 if has_content(chunk.get("choices")):
                     stamps.append(t)
-    return {"t0": t0, "stamps": stamps, "completion_tokens": usage["completion_tokens"],
-            "server": server}
+    tokens = usage["completion_tokens"] if usage else len(stamps)
+    return {"t0": t0, "stamps": stamps, "completion_tokens": tokens, "server": server}
 
 
-def _body(model: str, prompt: list[int], max_tokens: int) -> dict:
+def _body(model: str, prompt: list[int] | str, max_tokens: int) -> dict:
     return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
 class BackendSide:
-    """Client-side measurements against the running backend (streamed completions)."""
+    """Client-side measurements against the running backend (streamed completions).
+    ``as_text``: send prompts as text (a peer server that takes no token ids)."""
 
-    def __init__(self, session: aiohttp.ClientSession, base: str, model: str) -> None:
+    def __init__(self, session: aiohttp.ClientSession, base: str, model: str,
+                 as_text: Callable[[list[int]], str] | None = None) -> None:
         self.session, self.url, self.model = session, f"{base}/v1/completions", model
         self.server_ttft: list[dict] = []
+        self.as_text = as_text
+
+    def _body(self, prompt: list[int], max_tokens: int) -> dict:
+        return _body(self.model, self.as_text(prompt) if self.as_text else prompt, max_tokens)
 
     async def ttft(self, prompt: list[int]) -> float:
-        r = await _stream(self.session, self.url, _body(self.model, prompt, 1))
+        r = await _stream(self.session, self.url, self._body(prompt, 1))
         self.server_ttft.append(r["server"])  # the backend's own split of the same request
         return r["stamps"][0] - r["t0"]
 
     async def decode(self, prompt: list[int], n: int) -> float:
-        r = await _stream(self.session, self.url, _body(self.model, prompt, n))
+        r = await _stream(self.session, self.url, self._body(prompt, n))
         return (r["completion_tokens"] - 1) / (r["stamps"][-1] - r["stamps"][0])
 
     async def aggregate(self, prompts: list[list[int]], n: int) -> float:
         t0 = time.perf_counter()
-        rs = await asyncio.gather(*(_stream(self.session, self.url, _body(self.model, p, n))
+        rs = await asyncio.gather(*(_stream(self.session, self.url, self._body(p, n))
                                     for p in prompts))
         return sum(r["completion_tokens"] for r in rs) / (max(r["stamps"][-1] for r in rs) - t0)
 
@@ -198,12 +206,13 @@ class TransformersSide:
 
 # --- the run -------------------------------------------------------------------------------
 async def measure(base: str, model: str, hf: TransformersSide | None, prompts: dict,
-                  args: argparse.Namespace) -> dict:
+                  args: argparse.Namespace,
+                  as_text: Callable[[list[int]], str] | None = None) -> dict:
     """Both sides, alternating repetition by repetition."""
     out: dict = {"backend": {}, "transformers": {}, "load": {}}
     chat, n, c = prompts["chat"], args.decode_tokens, args.concurrency
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
-        be = BackendSide(session, base, model)
+        be = BackendSide(session, base, model, as_text)
         await be.aggregate(chat[-1:] * 2, 8)  # warm-up (the engine's first steps are slow)
         await be.ttft(prompts["long"][-1])
         be.server_ttft.clear()
@@ -247,14 +256,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--backend-args", default="", help="extra flags for python -m backend")
     p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--peer-url", default=None,
+                   help="measure this running OpenAI-compatible server (e.g. llama.cpp's) "
+                        "instead of starting ours; prompts go as text")
     p.add_argument("--out", default="docs/benchmarks/backend-cpu.json")
     args = p.parse_args(argv)
     from backend.weights.loader import load_model_source
 
-    prompts = build_prompts(load_model_source(args.model).tokenizer, args)
+    tokenizer = load_model_source(args.model).tokenizer
+    prompts = build_prompts(tokenizer, args)
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": platform.platform(),
               "cpus": os.cpu_count(), "python": platform.python_version(),
               "args": vars(args), "load_start": _load()}
+    if args.peer_url:
+        model = json.loads(_get(f"{args.peer_url}/v1/models"))["data"][0]["id"]
+        result.update(asyncio.run(measure(args.peer_url, model, None, prompts, args,
+                                          tokenizer.decode)))
+        result["load_end"] = _load()
+        result["peer"] = result.pop("backend")
+        result["summary"] = {"peer": _summary(result["peer"])}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print(json.dumps(result["summary"], indent=1))
+        return 0
     proc, base, _ = start_backend(args)
     try:
         health = json.loads(_get(f"{base}/health"))
@@ -263,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         result.update(asyncio.run(measure(base, model, hf, prompts, args)))
         result["backend"].update(command=f"python -m backend --model {args.model} "
                                          f"{args.backend_args}".strip(),
-                                 attention_kernel=health["attention_kernel"], dtype=health.get("dtype"))
+                                 attention_kernel=health["attention_kernel"], dtype=health.get("dtype"),
+                                 weights_dtype=health.get("weights_dtype"),
+                                 linear_kernel=health.get("linear_kernel"),
+                                 lm_head_dtype=health.get("lm_head_dtype"))
         if hf:
             result["transformers"]["version"] = hf.version
     finally:

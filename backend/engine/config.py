@@ -8,6 +8,9 @@ from backend.configutil import dataclass_from_dict
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _KV_DTYPES = ("auto", "int8", "fp8_e4m3")
+_WEIGHTS_DTYPES = ("auto", "bf16", "fp16", "fp32", "int8", "int4")
+_LM_HEAD_DTYPES = ("model", "int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4 kernel accepts
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,11 @@ class EngineConfig:
     scheduling: str = "continuous"  # or "static": a batch is formed and runs to completion
     attention: str = "auto"  # auto = triton on CUDA, sdpa on CPU; or triton, sdpa, math
     kv_cache_dtype: str = "auto"  # auto = model dtype; "int8"; "fp8_e4m3"
+    # Linear-layer weights: auto = a GGUF's own Q8_0/Q4_0/Q4_1 codes kept (int8 / int4),
+    # else the model dtype; int8 = per output row; int4 = group-wise (int4_group_size inputs).
+    weights_dtype: str = "auto"
+    int4_group_size: int = 32
+    lm_head_dtype: str = "model"  # the output projection: the model dtype, int8 or int4
     kv_cache_memory_gib: float | None = None  # None = sized from free memory
     block_size: int = 16  # tokens per KV block
     cuda_graph: bool = True  # capture decode steps on CUDA; no-op on CPU
@@ -30,6 +38,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, _DTYPES)
         _choice("kv_cache_dtype", self.kv_cache_dtype, _KV_DTYPES)
+        _choice("weights_dtype", self.weights_dtype, _WEIGHTS_DTYPES)
+        _choice("lm_head_dtype", self.lm_head_dtype, _LM_HEAD_DTYPES)
+        if self.int4_group_size not in INT4_GROUP_SIZES:
+            sizes = ", ".join(map(str, INT4_GROUP_SIZES))
+            raise ValueError(f"int4_group_size must be one of {sizes}; "
+                             f"got {self.int4_group_size}")
         _choice("scheduling", self.scheduling, ("continuous", "static"))
         _choice("attention", self.attention, ("auto", "triton", "sdpa", "math"))
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -41,39 +41,54 @@ def _engines(source, kv_dtypes, dtype: str = "float32") -> dict[str, LLMEngine]:
 def perplexity_figures(source, text: str, kv_dtypes=KV_DTYPES,
                        max_tokens: int | None = None) -> dict[str, dict]:
     """Per KV dtype: perplexity, and top-1 agreement / mean KL against the first dtype."""
-    tokens = source.tokenizer.encode(text)[:max_tokens]
+    return compare_perplexity(_engines(source, kv_dtypes), source.tokenizer, text, max_tokens)
+
+
+def compare_perplexity(engines: dict[str, LLMEngine], tokenizer, text: str,
+                       max_tokens: int | None = None) -> dict[str, dict]:
+    """Per engine variant: perplexity of ``text``, and top-1 agreement / mean KL /
+    perplexity change against the first variant."""
+    tokens = tokenizer.encode(text)[:max_tokens]
     target = torch.tensor(tokens[1:])
     logits, out = {}, {}
-    for kv, engine in _engines(source, kv_dtypes).items():
-        logits[kv] = engine.score(tokens)[:-1]  # [T-1, V]
-        nll = F.cross_entropy(logits[kv], target).item()
-        out[kv] = {"tokens": len(tokens), "perplexity": math.exp(nll)}
-    base = logits[kv_dtypes[0]]
+    for name, engine in engines.items():
+        logits[name] = engine.score(tokens)[:-1]  # [T-1, V]
+        nll = F.cross_entropy(logits[name], target).item()
+        out[name] = {"tokens": len(tokens), "perplexity": math.exp(nll)}
+    first = next(iter(engines))
+    base = logits[first]
     ref_logp = F.log_softmax(base, -1)
-    for kv in kv_dtypes:
-        logp = F.log_softmax(logits[kv], -1)
-        out[kv]["top1_agreement"] = (logits[kv].argmax(-1) == base.argmax(-1)).float().mean().item()
-        out[kv]["mean_kl_vs_full"] = F.kl_div(logp, ref_logp, log_target=True,
-                                              reduction="batchmean").item()
-        out[kv]["perplexity_change_pct"] = 100 * (out[kv]["perplexity"]
-                                                  / out[kv_dtypes[0]]["perplexity"] - 1)
+    for name in engines:
+        logp = F.log_softmax(logits[name], -1)
+        out[name]["top1_agreement"] = (logits[name].argmax(-1) == base.argmax(-1)
+                                       ).float().mean().item()
+        out[name]["mean_kl_vs_full"] = F.kl_div(logp, ref_logp, log_target=True,
+                                                reduction="batchmean").item()
+        out[name]["perplexity_change_pct"] = 100 * (out[name]["perplexity"]
+                                                    / out[first]["perplexity"] - 1)
     return out
 
 
 def greedy_agreement(source, prompts=PROMPTS, max_tokens: int = 64,
                      kv_dtypes=KV_DTYPES) -> dict[str, dict]:
     """Greedy continuations of chat prompts: identical ones, and matching positions."""
-    tok = source.tokenizer
+    return compare_greedy(_engines(source, kv_dtypes), source.tokenizer, prompts, max_tokens)
+
+
+def compare_greedy(engines: dict[str, LLMEngine], tok, prompts=PROMPTS,
+                   max_tokens: int = 64) -> dict[str, dict]:
+    """Greedy continuations of chat prompts per engine variant against the first one:
+    identical continuations, and the mean matching prefix."""
     ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]))
            for p in prompts]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    runs = {kv: e.generate(ids, params) for kv, e in _engines(source, kv_dtypes).items()}
-    base, out = runs[kv_dtypes[0]], {}
-    for kv in kv_dtypes:
-        same = sum(a == b for a, b in zip(runs[kv], base))
-        prefix = [_common_prefix(a, b) for a, b in zip(runs[kv], base)]
-        out[kv] = {"prompts": len(ids), "tokens_each": max_tokens, "identical": same,
-                   "mean_common_prefix": sum(prefix) / len(prefix)}
+    runs = {name: e.generate(ids, params) for name, e in engines.items()}
+    base, out = runs[next(iter(engines))], {}
+    for name in engines:
+        same = sum(a == b for a, b in zip(runs[name], base))
+        prefix = [_common_prefix(a, b) for a, b in zip(runs[name], base)]
+        out[name] = {"prompts": len(ids), "tokens_each": max_tokens, "identical": same,
+                     "mean_common_prefix": sum(prefix) / len(prefix)}
     return out
 
 

@@ -150,7 +150,8 @@ class LLMEngine:
                            bm.num_used, bm.num_blocks, self.scheduler.preemptions_total,
                            self.prompt_tokens_total, self.generation_tokens_total,
                            self.runner.attention_kernel,
-                           str(self.runner.dtype).removeprefix("torch."))
+                           str(self.runner.dtype).removeprefix("torch."),
+                           *self.runner.weights_info())
 
     @torch.inference_mode()
     def score(self, token_ids: list[int]) -> torch.Tensor:

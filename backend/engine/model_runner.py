@@ -18,6 +18,7 @@ from backend.engine.scheduler import ScheduledBatch
 from backend.engine.sequence import Sequence
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache, bytes_per_block
+from backend.layers.linear import WeightFormat, resolve_weight_format
 from backend.model import LlamaModel
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,18 @@ class ModelRunner:
                 raise ValueError("a shared model must cover max_model_len in the same dtype")
             self.model = model
         else:
+            fmt = resolve_weight_format(config.weights_dtype, config.int4_group_size,
+                                        source.weight_quantization)
+            head = WeightFormat.parse(config.lm_head_dtype, config.int4_group_size) \
+                if config.lm_head_dtype != "model" else WeightFormat()
             self.model = LlamaModel(cfg, self.device, self.dtype, max_len=max_model_len,
-                                    random_init=source.weights is None)
-            if source.weights is not None:
-                self.model.load_weights(source.weights())
+                                    random_init=source.weights is None, weight_format=fmt,
+                                    lm_head_format=head)
+            # A quantised format reads a quantised file's own codes (no float copy of it).
+            weights = source.packed_weights if fmt.kind != "dense" and \
+                source.packed_weights is not None else source.weights
+            if weights is not None:
+                self.model.load_weights(weights())
         self.num_blocks = self._num_blocks(cfg)
         self.kv_cache = KVCache(cfg.num_hidden_layers, self.num_blocks, self.block_size,
                                 cfg.num_key_value_heads, cfg.head_dim, self.dtype,
@@ -82,6 +91,12 @@ class ModelRunner:
         self.graphs = None
         if config.cuda_graph and self.device.type == "cuda":
             self.graphs = DecodeGraphs(self, max_batch=config.max_num_seqs)
+
+    def weights_info(self) -> tuple[str, str, str]:
+        """(linear weights' format, the kernel that runs them, the LM head's format)."""
+        m = self.model
+        return (m.weight_format.describe(self.dtype), m.layers[0].qkv.kernel,
+                m.lm_head_format.describe(self.dtype))
 
     def _num_blocks(self, cfg) -> int:
         per_block = bytes_per_block(cfg.num_hidden_layers, self.block_size,

@@ -37,6 +37,9 @@ class EngineStats:
     generation_tokens_total: int
     attention_kernel: str  # the kernel that really ran, e.g. "triton", "cudnn", "math"
     dtype: str = ""  # the model dtype "auto" resolved to (it differs by device and CPU)
+    weights_format: str = ""  # linear layers' weights, e.g. "bf16", "int8", "int4-g32"
+    linear_kernel: str = ""  # the matmul that runs them, e.g. "torch._weight_int8pack_mm"
+    lm_head_format: str = ""
 
 
 @dataclass

@@ -21,9 +21,11 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from tqdm.auto import tqdm
 
+from backend.layers.quantize import GroupQuantized
 from backend.tokenizer import Tokenizer
 from backend.weights import cache
 from backend.weights.config import ModelConfig
+from backend.weights.gguf_quant import CODE_TYPES, gguf_codes, native_format
 from backend.weights.gguf_tokenizer import tokenizer_from_gguf
 from backend.weights.loader import ModelLoadError, ModelSource, WeightIterator
 
@@ -59,15 +61,30 @@ def load_gguf(path: str | Path, name: str | None = None, use_cache: bool = True)
     if not path.is_file():
         raise ModelLoadError(f"GGUF file not found: {path}")
     name = name or path.stem
+    quantization, packed = _packed_source(path)
     entry = cache.lookup(path) if use_cache else None
     if entry is None:
         config, tokenizer, tensors = convert_gguf(path)
         entry = cache.store(path, config, tokenizer, tensors()) if use_cache else None
         if entry is None:  # no (writable) cache: dequantise while the model loads, every start
-            return ModelSource(name, config, tokenizer, tensors)
+            return ModelSource(name, config, tokenizer, tensors, packed, quantization)
     config, tokenizer = cache.load_entry(entry)
     files = cache.entry_files(entry)
-    return ModelSource(name, config, tokenizer, lambda: cache.iter_safetensors(files))
+    return ModelSource(name, config, tokenizer, lambda: cache.iter_safetensors(files), packed,
+                       quantization)
+
+
+def _packed_source(path: Path) -> tuple[str | None, WeightIterator]:
+    """The file's native code form and a stream of its codes (read from the file on every
+    load: unpacking blocks costs about as much as reading a converted cache entry)."""
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+    is_linear = lambda n: n.startswith("blk.") and n.endswith(".weight") and (  # noqa: E731
+        ".attn_" in n or ".ffn_" in n) and "norm" not in n
+    quantization = native_format(reader.tensors, is_linear)
+    return quantization, lambda: convert_gguf(path, keep_codes=True)[2]()
 
 
 def read_metadata(reader: GGUFReader) -> dict[str, Any]:
@@ -83,9 +100,11 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
     return out
 
 
-def convert_gguf(path: Path) -> tuple[ModelConfig, Tokenizer, WeightIterator]:
+def convert_gguf(path: Path, keep_codes: bool = False
+                 ) -> tuple[ModelConfig, Tokenizer, WeightIterator]:
     """Config and tokenizer now; the tensors as a re-startable stream (one tensor in memory
-    at a time, with a progress bar), so even a 7B file converts in little memory."""
+    at a time, with a progress bar), so even a 7B file converts in little memory.
+    ``keep_codes``: Q8_0/Q4_0/Q4_1 tensors come as their codes (GroupQuantized), not floats."""
     try:
         reader = GGUFReader(str(path))
     except Exception as exc:
@@ -108,10 +127,20 @@ def convert_gguf(path: Path) -> tuple[ModelConfig, Tokenizer, WeightIterator]:
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        for t, hf_name in tqdm(named, desc=f"converting {path.name}", unit="tensor"):
-            array = _dequantize(t)
+        desc = f"{'reading' if keep_codes else 'converting'} {path.name}"
+        for t, hf_name in tqdm(named, desc=desc, unit="tensor"):
             proj = hf_name.rsplit(".", 2)[-2]
-            if permute and proj in heads:
+            unpermute = permute and proj in heads
+            if keep_codes and t.tensor_type in CODE_TYPES and len(t.shape) == 2:
+                codes = gguf_codes(t.data, t.tensor_type)
+                if unpermute:  # the same row order fix, on codes and their scales
+                    codes = GroupQuantized(*(unpermute_qk(x, heads[proj]) for x in
+                                             (codes.codes, codes.scale, codes.min)),
+                                           codes.group_size, codes.bits)
+                yield hf_name, codes
+                continue
+            array = _dequantize(t)
+            if unpermute:
                 array = unpermute_qk(array, heads[proj])
             yield hf_name, _to_torch(array, _KEPT_DTYPES.get(t.tensor_type, quant_dtype))
 
@@ -137,9 +166,10 @@ def hf_tensor_name(gguf_name: str) -> str:
     raise ModelLoadError(f"unexpected GGUF tensor {gguf_name!r} for a Llama-family model")
 
 
-def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute_qk(weight: Any, n_head: int) -> Any:
     """Undo convert_hf_to_gguf.py's permute(): llama.cpp interleaves the two rotary halves of
-    each head's rows; HF keeps them as [first half; second half]."""
+    each head's rows; HF keeps them as [first half; second half]. ``weight``: a numpy array
+    or a torch tensor whose first dimension is the rows."""
     dim = weight.shape[0] // n_head // 2
     return (weight.reshape(n_head, dim, 2, *weight.shape[1:]).swapaxes(1, 2)
             .reshape(weight.shape))

@@ -35,6 +35,12 @@ class ModelSource:
     tokenizer: Tokenizer
     # HF tensor names, CPU tensors, q/k in HF layout. None = synthetic: keep the random init.
     weights: WeightIterator | None
+    # A quantised file's own codes (GroupQuantized for its Q8_0/Q4_0/Q4_1 tensors, tensors
+    # for the rest), read straight from the file; what `--weights-dtype int8|int4|auto` loads.
+    packed_weights: WeightIterator | None = None
+    # "int4" / "int8" when most of the file's linear weights are in such a code form (what
+    # `--weights-dtype auto` keeps), else None.
+    weight_quantization: str | None = None
 
 
 def load_model_source(name_or_path: str) -> ModelSource:

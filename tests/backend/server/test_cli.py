@@ -31,10 +31,17 @@ def test_flags_map_onto_engine_and_server_config():
         256, False)
     d = config_from_args(build_parser().parse_args([]))
     assert d.model == "smollm2-135m-instruct" and d.port == 8000 and d.engine.cuda_graph
+    assert (d.engine.weights_dtype, d.engine.int4_group_size, d.engine.lm_head_dtype) == (
+        "auto", 32, "model")
+    q = config_from_args(build_parser().parse_args([
+        "--weights-dtype", "int4", "--int4-group-size", "128", "--lm-head-dtype", "int8"]))
+    assert (q.engine.weights_dtype, q.engine.int4_group_size, q.engine.lm_head_dtype) == (
+        "int4", 128, "int8")
 
 
 def test_bad_flags_are_usage_errors():
-    for argv in (["--attention", "flash"], ["--block-size", "0"], ["--port", "70000"]):
+    for argv in (["--attention", "flash"], ["--block-size", "0"], ["--port", "70000"],
+                 ["--weights-dtype", "int3"], ["--int4-group-size", "48"]):
         r = subprocess.run([sys.executable, "-m", "backend", *argv], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and "error" in r.stderr, argv
@@ -49,7 +56,8 @@ def test_server_config_rejects_unknown_keys():
 
 def test_cli_serves_and_stops_on_sigterm():
     proc = subprocess.Popen([sys.executable, "-m", "backend", "--model", "synthetic:tiny",
-                             "--port", "0", "--max-model-len", "128", "--log-level", "WARNING"],
+                             "--port", "0", "--max-model-len", "128", "--log-level", "WARNING",
+                             "--weights-dtype", "int4", "--lm-head-dtype", "int8"],
                             stdout=subprocess.PIPE, text=True)
     watchdog = threading.Timer(120, proc.kill)  # bounds the blocking readline below
     watchdog.start()
@@ -62,6 +70,9 @@ def test_cli_serves_and_stops_on_sigterm():
         assert health["max_model_len"] == 128
         # "auto" resolves per device and CPU; /health must say what it became
         assert health["dtype"] in ("float32", "bfloat16") and health["kv_cache_dtype"] == "auto"
+        # the weight format and the matmul that really runs it
+        assert (health["weights_dtype"], health["linear_kernel"], health["lm_head_dtype"]) == (
+            "int4-g32", "torch._weight_int4pack_mm_for_cpu", "int8")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:

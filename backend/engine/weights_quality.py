@@ -1,0 +1,75 @@
+"""Weight quantisation quality: perplexity and top-1 / greedy agreement of int8 and int4
+(per group size) linear weights against dense weights, on the text the repo ships
+(backend/data/kv_eval.txt), with the figures of ``kv_quality``.
+
+    python -m backend.engine.weights_quality [--model smollm2-135m-instruct] \\
+        [--variants bf16,int8,int4:32,int4:64,auto] [--dtype bfloat16] [--json PATH]
+
+A variant is a ``--weights-dtype`` value, ``int4:G`` for a group size, optionally
+``+head`` (the LM head quantised the same way); the first one is the reference. Group sizes
+that do not divide a layer's input width are reported as skipped.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from backend.engine._tools import emit_json
+from backend.engine.config import EngineConfig
+from backend.engine.kv_quality import EVAL_TEXT, compare_greedy, compare_perplexity
+from backend.engine.llm_engine import LLMEngine
+
+DEFAULT_VARIANTS = "bf16,int8,int4:32,int4:64,int4:128,auto,int8+head"
+
+
+def variant_config(variant: str, dtype: str, device: str = "cpu") -> EngineConfig:
+    """'int4:64+head' -> EngineConfig(weights_dtype='int4', int4_group_size=64,
+    lm_head_dtype='int4')."""
+    name, _, head = variant.partition("+")
+    weights, _, group = name.partition(":")
+    lm_head = weights if head == "head" else "model"
+    return EngineConfig(device=device, dtype=dtype, weights_dtype=weights,
+                        int4_group_size=int(group or 32), lm_head_dtype=lm_head,
+                        kv_cache_memory_gib=0.25, max_model_len=2048)
+
+
+def build_engines(source, variants: list[str], dtype: str, device: str = "cpu"
+                  ) -> tuple[dict[str, LLMEngine], dict[str, str]]:
+    """One engine per variant that the model's shapes allow; the others with the reason."""
+    engines, skipped = {}, {}
+    for v in variants:
+        try:
+            engines[v] = LLMEngine(variant_config(v, dtype, device), source)
+        except ValueError as exc:  # e.g. a group size that does not divide 576
+            skipped[v] = str(exc)
+    return engines, skipped
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS)
+    ap.add_argument("--dtype", default="bfloat16", help="model (activation) dtype")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--max-tokens", type=int, default=None, help="score at most this many")
+    ap.add_argument("--greedy-tokens", type=int, default=64)
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = ap.parse_args(argv)
+    from backend.weights.loader import load_model_source
+
+    source = load_model_source(args.model)
+    engines, skipped = build_engines(source, args.variants.split(","), args.dtype,
+                                     args.device)
+    formats = {v: e.stats().weights_format + " / head " + e.stats().lm_head_format
+               for v, e in engines.items()}
+    result = {"model": source.name, "text": EVAL_TEXT.name, "dtype": args.dtype,
+              "reference": next(iter(engines)), "formats": formats, "skipped": skipped,
+              "perplexity": compare_perplexity(engines, source.tokenizer,
+                                               EVAL_TEXT.read_text(), args.max_tokens),
+              "greedy": compare_greedy(engines, source.tokenizer,
+                                       max_tokens=args.greedy_tokens)}
+    emit_json(result, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Linear layers with dense or weight-only quantised weights (int8 per output row, int4
+group-wise), and the choice of the matmul that runs them.
+
+A layer is built empty and filled block of rows by block of rows (``load_rows``), so fused
+matrices (q|k|v, gate|up) load from their parts and a quantised model never exists as a full
+float copy: a quantised layer keeps its codes in a staging buffer until every row is there,
+then packs them into the kernel's layout and drops the buffer.
+
+Kernels (``Linear.kernel`` names the one that runs):
+  * dense: ``F.linear`` (oneDNN on CPU, cuBLAS on CUDA).
+  * CPU int8: ``torch._weight_int8pack_mm``; CPU int4: ``torch._weight_int4pack_mm_for_cpu``
+    over ``_convert_weight_to_int4pack_for_cpu``'s layout (both oneDNN/AVX-512 kernels that
+    read the packed codes directly).
+  * CUDA int8/int4: Triton dequantising GEMV (one token) and GEMM (up to ``TRITON_MAX_M``
+    tokens) from ``quant_kernels``; larger batches (prefill) dequantise to the model dtype
+    and run cuBLAS, where the matmul is compute-bound and the extra weight pass is small.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from backend.layers import quant_kernels
+from backend.layers.quantize import GroupQuantized, check_group, quantize_int4, quantize_int8
+
+WEIGHT_DTYPES = ("auto", "bf16", "fp16", "fp32", "int8", "int4")
+LM_HEAD_DTYPES = ("model", "int8", "int4")
+DENSE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TRITON_MAX_M = 128  # tokens per step up to which the Triton kernels run on CUDA
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How a linear layer stores its weight: ``kind`` dense (in ``dtype``, None = the model
+    dtype), int8 (per output row) or int4 (``group_size`` inputs per scale/min pair)."""
+    kind: str = "dense"
+    dtype: torch.dtype | None = None
+    group_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("dense", "int8", "int4"):
+            raise ValueError(f"unknown weight format {self.kind!r}")
+        if self.kind == "int4" and self.group_size < 1:
+            raise ValueError(f"int4 group size must be >= 1, got {self.group_size}")
+
+    @classmethod
+    def parse(cls, name: str, group_size: int = 32) -> "WeightFormat":
+        """``bf16|fp16|fp32|int8|int4`` (``auto`` is resolved by the caller first)."""
+        if name in DENSE_DTYPES:
+            return cls("dense", DENSE_DTYPES[name])
+        if name in ("int8", "int4"):
+            return cls(name, None, group_size)
+        raise ValueError(f"weight dtype must be one of {', '.join(WEIGHT_DTYPES[1:])}; "
+                         f"got {name!r}")
+
+    def describe(self, model_dtype: torch.dtype) -> str:
+        if self.kind == "dense":
+            dtype = self.dtype or model_dtype
+            return {v: k for k, v in DENSE_DTYPES.items()}[dtype]
+        return "int8" if self.kind == "int8" else f"int4-g{self.group_size}"
+
+
+def resolve_weight_format(name: str, group_size: int, native: str | None) -> WeightFormat:
+    """``--weights-dtype`` -> a format. auto: the file's own code form when it has one we
+    run (``native`` "int4"/"int8"; GGUF Q4 blocks are groups of 32), else the model dtype."""
+    if name == "auto":
+        if native == "int4":
+            return WeightFormat("int4", None, 32)
+        return WeightFormat("int8") if native == "int8" else WeightFormat()
+    return WeightFormat.parse(name, group_size)
+
+
+def make_linear(fmt: WeightFormat, out_features: int, in_features: int, bias: bool,
+                device: torch.device, dtype: torch.dtype) -> "Linear":
+    """An empty layer in ``fmt``; ``dtype`` is the model (activation) dtype."""
+    if fmt.kind == "int8":
+        return Int8Linear(out_features, in_features, bias, device, dtype)
+    if fmt.kind == "int4":
+        return Int4Linear(out_features, in_features, bias, device, dtype, fmt.group_size)
+    return DenseLinear(out_features, in_features, bias, device, dtype, fmt.dtype or dtype)
+
+
+class Linear:
+    """y = x @ W.T (+ b) for x [T, in_features] in the model dtype."""
+    kernel = "none"
+
+    def __init__(self, out_features: int, in_features: int, bias: bool,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.out_features, self.in_features = out_features, in_features
+        self.device, self.dtype = device, dtype
+        self.bias = torch.zeros(out_features, device=device, dtype=dtype) if bias else None
+
+    @property
+    def weight_shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def load_rows(self, rows: slice, value: torch.Tensor | GroupQuantized) -> None:
+        """Fill weight rows ``rows`` from float values [n, K] or file codes."""
+        raise NotImplementedError
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the kernel really multiplies by, [N, K] float32 (test reference)."""
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.bias is None else y + self.bias
+
+
+class LinearRows:
+    """A block of rows of a layer's weight (all of them by default): a load destination."""
+
+    def __init__(self, linear: Linear, rows: slice = slice(None)) -> None:
+        self.linear, self.rows = linear, rows
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n = len(range(*self.rows.indices(self.linear.out_features)))
+        return n, self.linear.in_features
+
+    def load(self, value: torch.Tensor | GroupQuantized) -> None:
+        self.linear.load_rows(self.rows, value)
+
+
+class DenseLinear(Linear):
+    kernel = "dense"
+
+    def __init__(self, out_features: int, in_features: int, bias: bool,
+                 device: torch.device, dtype: torch.dtype, weight_dtype: torch.dtype) -> None:
+        super().__init__(out_features, in_features, bias, device, dtype)
+        self.weight = torch.empty(out_features, in_features, device=device, dtype=weight_dtype)
+
+    @classmethod
+    def over(cls, weight: torch.Tensor) -> "DenseLinear":
+        """A layer that uses ``weight`` [N, K] itself (a tied LM head shares the embedding)."""
+        layer = cls(0, weight.shape[1], False, weight.device, weight.dtype, weight.dtype)
+        layer.out_features, layer.weight = weight.shape[0], weight
+        return layer
+
+    def load_rows(self, rows: slice, value: torch.Tensor | GroupQuantized) -> None:
+        if isinstance(value, GroupQuantized):
+            value = value.dequantize()
+        self.weight[rows].copy_(value)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.weight.float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if w.dtype == x.dtype:
+            return F.linear(x, w, self.bias)
+        # Weights stored in another dtype than the activations (--weights-dtype fp32 under
+        # a bf16 model, ...): the matmul runs in the weights' dtype.
+        return self._add_bias(F.linear(x.to(w.dtype), w).to(x.dtype))
+
+
+class _QuantizedLinear(Linear):
+    """Codes wait in a staging buffer until every row is loaded, then ``_pack`` builds the
+    kernel's layout and the buffer goes."""
+
+    def __init__(self, out_features: int, in_features: int, bias: bool,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(out_features, in_features, bias, device, dtype)
+        self._filled = torch.zeros(out_features, dtype=torch.bool)
+        self._stage: dict[str, torch.Tensor] | None = None
+        self.kernel = "unloaded"
+
+    def load_rows(self, rows: slice, value: torch.Tensor | GroupQuantized) -> None:
+        n = len(range(*rows.indices(self.out_features)))
+        if tuple(value.shape) != (n, self.in_features):
+            raise ValueError(f"rows {rows}: got {tuple(value.shape)}, "
+                             f"expected {(n, self.in_features)}")
+        if self._stage is None:
+            self._stage = self._new_stage()
+        for key, part in self._codes(value).items():
+            self._stage[key][rows].copy_(part)
+        self._filled[rows] = True
+        if bool(self._filled.all()):
+            self._pack(self._stage)
+            self._stage = None
+            self._filled.zero_()  # a later full reload (a shared init, tests) starts over
+
+    def _new_stage(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _codes(self, value: torch.Tensor | GroupQuantized) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _pack(self, stage: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+
+class Int8Linear(_QuantizedLinear):
+    """Symmetric int8, one scale per output row: W = q * scale[:, None]."""
+
+    def _new_stage(self) -> dict[str, torch.Tensor]:
+        N, K, dev = self.out_features, self.in_features, self.device
+        return {"q": torch.empty(N, K, dtype=torch.int8, device=dev),
+                "scale": torch.empty(N, dtype=torch.float32, device=dev)}
+
+    def _codes(self, value: torch.Tensor | GroupQuantized) -> dict[str, torch.Tensor]:
+        if isinstance(value, GroupQuantized):
+            value = value.dequantize()  # GGUF Q8_0 has a scale per 32 inputs: re-quantise
+        q, scale = quantize_int8(value.to(self.device))
+        return {"q": q, "scale": scale}
+
+    def _pack(self, stage: dict[str, torch.Tensor]) -> None:
+        self.q = stage["q"].contiguous()  # [N, K] int8
+        self.scale = stage["scale"].to(self.dtype)  # [N]
+        if self.device.type == "cpu":
+            self.kernel = "torch._weight_int8pack_mm"
+        elif quant_kernels.AVAILABLE:
+            self.kernel = "triton-int8"
+        else:
+            self.kernel = "dequant+F.linear"
+
+    def dequantized(self) -> torch.Tensor:
+        return self.q.float() * self.scale.float().unsqueeze(1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
+        if self.device.type == "cpu":
+            y = torch._weight_int8pack_mm(x, self.q, self.scale)
+        elif quant_kernels.AVAILABLE and x.shape[0] <= TRITON_MAX_M:
+            y = quant_kernels.int8_matmul(x, self.q, self.scale)
+        else:
+            y = F.linear(x, self.q.to(x.dtype) * self.scale.unsqueeze(1))
+        return self._add_bias(y)  # [T, N]
+
+
+class Int4Linear(_QuantizedLinear):
+    """Asymmetric group-wise int4: W[n, k] = q * scale[n, k // G] + min[n, k // G]."""
+
+    def __init__(self, out_features: int, in_features: int, bias: bool,
+                 device: torch.device, dtype: torch.dtype, group_size: int) -> None:
+        check_group(in_features, group_size)
+        if device.type == "cuda" and (in_features // 2) % group_size:
+            raise ValueError(f"int4 on CUDA needs the group size {group_size} to divide half "
+                             f"the input width {in_features}")
+        super().__init__(out_features, in_features, bias, device, dtype)
+        self.group_size = group_size
+
+    def _new_stage(self) -> dict[str, torch.Tensor]:
+        N, K, G, dev = self.out_features, self.in_features, self.group_size, self.device
+        return {"codes": torch.empty(N, K, dtype=torch.uint8, device=dev),
+                "scale": torch.empty(N, K // G, dtype=torch.float32, device=dev),
+                "min": torch.empty(N, K // G, dtype=torch.float32, device=dev)}
+
+    def _codes(self, value: torch.Tensor | GroupQuantized) -> dict[str, torch.Tensor]:
+        if not (isinstance(value, GroupQuantized) and value.bits == 4
+                and value.group_size == self.group_size):
+            # Kept as they are only when the file's groups are ours (GGUF Q4_0/Q4_1 with
+            # G = 32); anything else is quantised from its values.
+            dense = value.dequantize() if isinstance(value, GroupQuantized) else value
+            value = quantize_int4(dense.to(self.device), self.group_size)
+        return {"codes": value.codes, "scale": value.scale, "min": value.min}
+
+    def _pack(self, stage: dict[str, torch.Tensor]) -> None:
+        codes, scale, lo = stage["codes"], stage["scale"], stage["min"]
+        if self.device.type == "cpu":
+            # tinygemm's convention: W = (q - 8) * scale + zero, so zero = min + 8 * scale.
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                codes.to(torch.int32), 1)
+            self.scale_zero = (torch.stack([scale, lo + 8 * scale], dim=-1)  # [N, K/G, 2]
+                               .transpose(0, 1).contiguous().to(self.dtype))  # [K/G, N, 2]
+            self.kernel = "torch._weight_int4pack_mm_for_cpu"
+        else:
+            self.packed = quant_kernels.pack_int4(codes)  # [N, K / 2] uint8
+            self.scale = scale.to(self.dtype).contiguous()  # [N, K / G]
+            self.min = lo.to(self.dtype).contiguous()
+            self.kernel = "triton-int4" if quant_kernels.AVAILABLE else "dequant+F.linear"
+
+    def dequantized(self) -> torch.Tensor:
+        N, K, G = self.out_features, self.in_features, self.group_size
+        if self.device.type == "cpu":
+            # Read back through the kernel itself: W.T = mm(I, packed) (exact for one-hot rows).
+            eye = torch.eye(K, dtype=self.dtype)
+            return torch._weight_int4pack_mm_for_cpu(eye, self.packed, G,
+                                                     self.scale_zero).float().t()
+        return quant_kernels.dequantize_int4(self.packed, self.scale, self.min, G).float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
+        G = self.group_size
+        if self.device.type == "cpu":
+            y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)
+        elif quant_kernels.AVAILABLE and x.shape[0] <= TRITON_MAX_M:
+            y = quant_kernels.int4_matmul(x, self.packed, self.scale, self.min, G)
+        else:
+            y = F.linear(x, quant_kernels.dequantize_int4(self.packed, self.scale, self.min, G))
+        return self._add_bias(y)  # [T, N]

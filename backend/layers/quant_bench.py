@@ -1,0 +1,171 @@
+"""GPU benchmark of weight-only int8 / int4 against bf16 on Llama-2-7B shapes (synthetic
+weights), in one run:
+
+1. layer level: each 7B linear shape at M = 1 and M = 64 tokens, our Triton kernels against
+   bf16 ``F.linear`` (cuBLAS), with the weight-byte floor at the GPU's peak bandwidth;
+2. engine level: ``synthetic:llama-2-7b`` through LLMEngine with CUDA graphs, TPOT at batch 1
+   and the decode step at batch 64, per ``--weights-dtype``.
+
+    python -m backend.layers.quant_bench --json out.json [--peak-gbs 4800] [--budget-s 200]
+
+Parts that would start after ``--budget-s`` seconds are skipped and listed as such.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling import SamplingParams
+from backend.layers.linear import LinearRows, WeightFormat, make_linear
+from backend.weights.loader import synthetic_source
+
+# (name, out_features, in_features) of one Llama-2-7B block, q|k|v and gate|up fused.
+SHAPES_7B = (("qkv", 12288, 4096), ("o", 4096, 4096), ("gate_up", 22016, 4096),
+             ("down", 4096, 11008))
+FORMATS = {"bf16": WeightFormat("dense", torch.bfloat16), "int8": WeightFormat("int8"),
+           "int4-g32": WeightFormat("int4", None, 32), "int4-g128": WeightFormat("int4", None, 128)}
+
+
+def _time_us(fn, iters: int = 50) -> float:
+    """Median of CUDA-graph replays of ``iters`` calls (launch overhead excluded, as in the
+    engine's decode graphs)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / iters)
+    return statistics.median(times)
+
+
+def _weight_bytes(layer) -> int:
+    return sum(t.numel() * t.element_size() for k, t in vars(layer).items()
+               if isinstance(t, torch.Tensor) and not k.startswith("_") and k != "bias")
+
+
+def layer_level(peak_gbs: float) -> list[dict]:
+    dev = torch.device("cuda")
+    rows = []
+    for name, N, K in SHAPES_7B:
+        w = torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.02
+        layers = {}
+        for fmt_name, fmt in FORMATS.items():
+            layer = make_linear(fmt, N, K, False, dev, torch.bfloat16)
+            LinearRows(layer).load(w)
+            layers[fmt_name] = layer
+        for M in (1, 64):
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+            for fmt_name, layer in layers.items():
+                ref = x.float() @ layer.dequantized().t()
+                err = ((layer(x).float() - ref).abs().max() / ref.abs().max()).item()
+                us = _time_us(lambda: layer(x))
+                nbytes = _weight_bytes(layer)
+                rows.append({"shape": name, "N": N, "K": K, "M": M, "format": fmt_name,
+                             "kernel": layer.kernel, "us": round(us, 2),
+                             "weight_bytes": nbytes, "gb_s": round(nbytes / us / 1e3, 1),
+                             "floor_us": round(nbytes / peak_gbs / 1e3, 2),
+                             "max_rel_err_vs_dequantised": err})
+        del layers, w
+        torch.cuda.empty_cache()
+    return rows
+
+
+def engine_level(weights: str, group: int, decode_tokens: int = 48,
+                 preset: str = "llama-2-7b", device: str = "cuda") -> dict:
+    source = synthetic_source(preset)
+    t0 = time.perf_counter()
+    engine = LLMEngine(EngineConfig(device=device, dtype="bfloat16", weights_dtype=weights,
+                                    int4_group_size=group, max_num_seqs=64,
+                                    max_model_len=1024, kv_cache_memory_gib=8.0,
+                                    enable_prefix_caching=False), source)
+    build_s = time.perf_counter() - t0
+    stats = engine.stats()
+    out = {"weights": stats.weights_format, "kernel": stats.linear_kernel,
+           "build_s": round(build_s, 1),
+           "gpu_mem_gib": round(torch.cuda.memory_allocated() / 2**30, 2)
+           if device == "cuda" else None}
+    for batch in (1, 64):
+        params = SamplingParams(max_tokens=decode_tokens + 2, temperature=0.0, ignore_eos=True)
+        for i in range(batch):
+            engine.add_request(f"r{batch}-{i}", list(range(300 + i, 316 + i)), params)
+        while any(s.num_generated == 0 for s in engine.seqs.values()):
+            engine.step()  # prefills (and their first tokens)
+        engine.step()
+        _sync(device)
+        t = time.perf_counter()
+        for _ in range(decode_tokens):
+            engine.step()
+        _sync(device)
+        step_ms = (time.perf_counter() - t) * 1e3 / decode_tokens
+        out[f"step_ms_batch{batch}"] = round(step_ms, 3)
+        while engine.has_unfinished():
+            engine.step()
+    out["tpot_ms_batch1"] = out["step_ms_batch1"]
+    del engine
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--peak-gbs", type=float, default=4800.0, help="HBM bandwidth, GB/s")
+    ap.add_argument("--budget-s", type=float, default=200.0)
+    ap.add_argument("--engine", default="bf16,int8,int4:32", help="weights dtypes to serve")
+    args = ap.parse_args(argv)
+    start = time.perf_counter()
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "peak_gbs": args.peak_gbs, "layers": layer_level(args.peak_gbs), "engine": {},
+              "skipped": []}
+    for spec in args.engine.split(","):
+        if time.perf_counter() - start > args.budget_s:
+            result["skipped"].append(spec)
+            continue
+        name, _, group = spec.partition(":")
+        try:
+            result["engine"][spec] = engine_level(name, int(group or 32))
+        except Exception as exc:  # report and go on: one failing format must not lose the rest
+            result["engine"][spec] = {"error": repr(exc)[:500]}
+    result["elapsed_s"] = round(time.perf_counter() - start, 1)
+    text = json.dumps(result, indent=1)
+    if args.json:
+        args.json.write_text(text)
+    print("layer     M  format      us   floor_us  GB/s")
+    for r in result["layers"]:
+        print(f"{r['shape']:8} {r['M']:3} {r['format']:9} {r['us']:8.1f} {r['floor_us']:8.1f} "
+              f"{r['gb_s']:7.0f}  err {r['max_rel_err_vs_dequantised']:.1e}")
+    for spec, r in result["engine"].items():
+        print(spec, r)
+    print("skipped:", result["skipped"], "elapsed", result["elapsed_s"])
+
+
+if __name__ == "__main__":
+    main()

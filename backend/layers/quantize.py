@@ -1,0 +1,70 @@
+"""Weight-only quantisation math, independent of any kernel layout.
+
+Two code forms, both "value = code * scale + offset":
+  * int8, symmetric, one scale per output row: codes int8 [N, K], scale [N].
+  * int4, asymmetric, one (scale, min) pair per group of G inputs of a row: codes 0..15
+    uint8 [N, K], scale/min [N, K / G]. This is GGUF's Q4_1 block exactly (G = 32); Q4_0 is
+    the special case min = -8 * scale.
+
+``GroupQuantized`` carries codes as they come out of a file (GGUF blocks), so a loader can
+hand them over without a float copy of the model; the layers decide whether they keep the
+codes as they are or re-quantise them into their own format.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+INT8_MAX = 127
+INT4_LEVELS = 15
+
+
+@dataclass
+class GroupQuantized:
+    """Group-wise codes of one [N, K] weight: value = codes * scale + min, per group of
+    ``group_size`` consecutive inputs. ``bits`` 4: codes 0..15 (uint8); 8: codes int8."""
+    codes: torch.Tensor  # [N, K] uint8 (bits 4) or int8 (bits 8)
+    scale: torch.Tensor  # [N, K / group_size] float32
+    min: torch.Tensor  # [N, K / group_size] float32 (zeros for symmetric formats)
+    group_size: int
+    bits: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    def dequantize(self) -> torch.Tensor:
+        """[N, K] float32 values."""
+        N, K = self.codes.shape
+        g = self.codes.view(N, K // self.group_size, self.group_size).float()
+        return (g * self.scale.unsqueeze(-1) + self.min.unsqueeze(-1)).view(N, K)
+
+    def rows(self, rows: slice) -> "GroupQuantized":
+        return GroupQuantized(self.codes[rows], self.scale[rows], self.min[rows],
+                              self.group_size, self.bits)
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float -> (codes int8 [N, K], scale float32 [N]); symmetric per output row."""
+    w = w.float()
+    scale = (w.abs().amax(dim=1) / INT8_MAX).clamp(min=1e-12)  # [N]
+    codes = torch.round(w / scale.unsqueeze(1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return codes, scale
+
+
+def quantize_int4(w: torch.Tensor, group_size: int) -> GroupQuantized:
+    """w [N, K] float -> asymmetric group-wise int4 (min/max of each group map to 0/15)."""
+    N, K = w.shape
+    check_group(K, group_size)
+    g = w.float().view(N, K // group_size, group_size)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)  # [N, K / G]
+    scale = ((hi - lo) / INT4_LEVELS).clamp(min=1e-12)
+    codes = torch.round((g - lo.unsqueeze(-1)) / scale.unsqueeze(-1)).clamp_(0, INT4_LEVELS)
+    return GroupQuantized(codes.to(torch.uint8).view(N, K), scale, lo, group_size, 4)
+
+
+def check_group(in_features: int, group_size: int) -> None:
+    if group_size < 1 or in_features % group_size:
+        raise ValueError(f"int4 group size {group_size} does not divide the input width "
+                         f"{in_features}; pick a group size that does (e.g. 32)")

@@ -1,0 +1,151 @@
+"""Weight-only int8 / int4 linear layers: each packed matmul against the dequantised
+reference, the quantisers' error bounds, GGUF codes kept as they are, and the model/engine
+wiring (formats, kernels, tied LM head)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quantize
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.layers.linear import LinearRows, WeightFormat, make_linear, resolve_weight_format
+from backend.layers.quantize import GroupQuantized, quantize_int4, quantize_int8
+from backend.model import LlamaModel
+from backend.weights.gguf_loader import load_gguf
+from backend.weights.gguf_quant import gguf_codes
+from backend.weights.loader import synthetic_source
+from tests.backend.weights.gguf_fixtures import random_hf_tensors, write_llama_gguf
+
+CPU = torch.device("cpu")
+
+
+def _layer(kind: str, w: torch.Tensor, dtype: torch.dtype, group: int = 32, bias=None):
+    layer = make_linear(WeightFormat(kind, None, group), w.shape[0], w.shape[1],
+                        bias is not None, CPU, dtype)
+    half = w.shape[0] // 2  # two row blocks, as fused q|k|v and gate|up load
+    LinearRows(layer, slice(0, half)).load(w[:half])
+    LinearRows(layer, slice(half, None)).load(w[half:])
+    if bias is not None:
+        layer.bias.copy_(bias)
+    return layer
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_cpu_packed_matmul_matches_dequantised_reference(kind, dtype, rows):
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 128, generator=gen) * 0.05
+    b = torch.randn(96, generator=gen)
+    layer = _layer(kind, w, dtype, bias=b)
+    assert layer.kernel == {"int8": "torch._weight_int8pack_mm",
+                            "int4": "torch._weight_int4pack_mm_for_cpu"}[kind]
+    x = torch.randn(rows, 128, generator=gen).to(dtype)
+    ref = x.float() @ layer.dequantized().t() + b.to(dtype).float()
+    got = layer(x).float()
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got, ref, atol=tol * ref.abs().max().item(), rtol=0)
+
+
+def test_quantisers_error_bounds_and_reference():
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    q, s = quantize_int8(w)
+    assert q.dtype == torch.int8 and s.shape == (64,)
+    assert ((q.float() * s[:, None] - w).abs() <= s[:, None] / 2 + 1e-6).all()
+    g = quantize_int4(w, 32)
+    assert g.codes.max() <= 15 and g.scale.shape == (64, 8)
+    err = (g.dequantize() - w).abs().view(64, 8, 32)
+    assert (err <= g.scale.unsqueeze(-1) / 2 + 1e-5).all()
+    with pytest.raises(ValueError, match="group size 128 does not divide"):
+        quantize_int4(torch.zeros(4, 576), 128)
+
+
+def test_int4_layer_keeps_matching_codes_exactly():
+    """Q4_1-style codes with the layer's group size go in as they are (no re-quantising)."""
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 16, (32, 128), generator=gen, dtype=torch.uint8)
+    scale = torch.rand(32, 4, generator=gen) * 0.1
+    lo = -torch.rand(32, 4, generator=gen)
+    payload = GroupQuantized(codes, scale, lo, 32, 4)
+    layer = make_linear(WeightFormat("int4", None, 32), 32, 128, False, CPU, torch.float32)
+    LinearRows(layer).load(payload)
+    torch.testing.assert_close(layer.dequantized(), payload.dequantize(), atol=1e-6, rtol=0)
+    # Another group size re-quantises from the values (close, not exact).
+    layer64 = make_linear(WeightFormat("int4", None, 64), 32, 128, False, CPU, torch.float32)
+    LinearRows(layer64).load(payload)
+    err = (layer64.dequantized() - payload.dequantize()).abs().max()
+    assert 0 < err < 0.2
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
+def test_gguf_codes_match_the_gguf_dequantiser(qtype):
+    w = np.random.default_rng(0).normal(0, 0.5, (8, 96)).astype(np.float32)
+    raw = quantize(w, qtype)
+    codes = gguf_codes(raw, qtype)
+    assert codes.group_size == 32 and codes.bits == (8 if qtype == Q.Q8_0 else 4)
+    np.testing.assert_array_equal(codes.dequantize().numpy(), dequantize(raw, qtype))
+
+
+def test_resolve_weight_format():
+    assert resolve_weight_format("auto", 64, "int4") == WeightFormat("int4", None, 32)
+    assert resolve_weight_format("auto", 32, "int8") == WeightFormat("int8")
+    assert resolve_weight_format("auto", 32, None) == WeightFormat()
+    assert resolve_weight_format("int4", 64, None) == WeightFormat("int4", None, 64)
+    assert resolve_weight_format("fp16", 32, "int4") == WeightFormat("dense", torch.float16)
+    with pytest.raises(ValueError, match="weights_dtype must be one of"):
+        EngineConfig(weights_dtype="int3")
+    with pytest.raises(ValueError, match="int4_group_size must be one of"):
+        EngineConfig(int4_group_size=48)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_model_logits_match_a_dense_model_of_the_dequantised_weights(kind):
+    """The whole model: quantised layers give the logits of a dense model holding exactly
+    the dequantised weights (so every layer is wired to its own rows); tied LM head copy."""
+    cfg = synthetic_source("tiny-qwen2").config  # q/k/v biases and a tied head
+    fmt = WeightFormat(kind, None, 32)
+    quant = LlamaModel(cfg, CPU, torch.float32, max_len=1024, weight_format=fmt,
+                       lm_head_format=fmt)
+    assert quant.lm_head.kernel != "dense" and quant.layers[0].down.kernel != "dense"
+    dense = LlamaModel(cfg, CPU, torch.float32, max_len=1024, random_init=False)
+    names = dict(quant._destinations())
+    dense.load_weights(
+        (name, t.linear.dequantized()[t.rows] if isinstance(t, LinearRows) else t)
+        for name, t in names.items())
+    dense.lm_head = make_linear(WeightFormat(), cfg.vocab_size, cfg.hidden_size, False, CPU,
+                                torch.float32)
+    dense.lm_head.load_rows(slice(None), quant.lm_head.dequantized())
+    engine_q = LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, dtype="float32"),
+                         synthetic_source("tiny-qwen2"), model=quant)
+    engine_d = LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, dtype="float32"),
+                         synthetic_source("tiny-qwen2"), model=dense)
+    tokens = list(range(300, 340))
+    torch.testing.assert_close(engine_q.score(tokens), engine_d.score(tokens), atol=1e-4,
+                               rtol=1e-4)
+
+
+def test_gguf_q4_1_served_from_its_codes(tmp_path, monkeypatch):
+    """auto on a Q4_1 file: int4 group 32 from the file's codes, the same logits as the
+    dequantised (float32 cache) path up to float rounding; int8 re-quantises them."""
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path / "cache"))
+    hf = random_hf_tensors(seed=2)
+    path = write_llama_gguf(tmp_path / "tiny-q4_1.gguf", hf, Q.Q4_1)
+    source = load_gguf(path)
+    assert source.weight_quantization == "int4"
+    tokens = list(range(5, 40))
+    scores, kernels = {}, {}
+    for wd in ("fp32", "auto", "int8"):
+        engine = LLMEngine(EngineConfig(weights_dtype=wd, dtype="float32",
+                                        kv_cache_memory_gib=0.01), source)
+        stats = engine.stats()
+        kernels[wd] = (stats.weights_format, stats.linear_kernel, stats.lm_head_format)
+        scores[wd] = engine.score(tokens)
+    assert kernels == {"fp32": ("fp32", "dense", "fp32"),
+                       "auto": ("int4-g32", "torch._weight_int4pack_mm_for_cpu", "fp32"),
+                       "int8": ("int8", "torch._weight_int8pack_mm", "fp32")}
+    torch.testing.assert_close(scores["auto"], scores["fp32"], atol=2e-4, rtol=1e-4)
+    rel = (scores["int8"] - scores["fp32"]).abs().mean() / scores["fp32"].abs().mean()
+    assert 0 < rel < 0.1  # random N(0, 0.5) weights amplify rounding; a wiring bug gives ~1
