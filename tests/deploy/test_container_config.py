@@ -80,10 +80,13 @@ def test_compose_gateway_command_serves_through_the_backend_url(tmp_path):
         assert status == 200
         assert 'gateway_requests_total{code="200",model="smollm2",provider="local"} 1.0' in metrics
         assert "sk-deploy-test" not in metrics
+        # Two rows (the 200 and the 401), from two workers: their order is the flushes' order.
         deadline = time.monotonic() + 10
-        while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (
+                log.exists() and len(log.read_text().splitlines()) >= 2):
             time.sleep(0.05)
-        assert json.loads(log.read_text().splitlines()[0])["model"] == "smollm2"
+        rows = [json.loads(line) for line in log.read_text().splitlines()]
+        assert sorted((r["status"], r["model"]) for r in rows) == [(200, "smollm2"), (401, None)]
     finally:
         for proc in (gateway, upstream):
             if proc is not None:

@@ -8,6 +8,7 @@ import re
 import openai
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from gateway.limits import STORE_RETRY_SECONDS
 from benchmarks.redis_server import RedisServer
@@ -26,10 +27,26 @@ def limited_keys(**limits: int) -> list[dict]:
 
 
 async def _ask(gw: Gateway, key: str = CLIENT_KEY, tokens: int = 2, **fake: object) -> None:
+    """One stream; returns once the gateway's handler ended (its slot and tokens are
+    accounted then, which may be just after the client read the last byte)."""
+    logged = len(gw.log_rows())
     stream = await gw.client(key).chat.completions.create(
         model="fast", messages=MSG, stream=True,
         extra_body={"fake": {"ttft_ms": 1, "itl_ms": 1, "tokens": tokens, **fake}})
     _ = [c async for c in stream]
+    await gw.wait_rows(logged + 1)
+
+
+async def _shared_released(url: str, key: str = "limited") -> None:
+    """Redis heard of every ended request (the gateway tells it in a task of its own)."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        for _ in range(200):
+            if not await client.zcard(f"firsttoken:rl:{key}:inflight"):
+                return
+            await asyncio.sleep(0.02)
+    finally:
+        await client.aclose()
 
 
 async def test_rpm_refuses_with_429_retry_after_and_counts(make_gateway):
@@ -115,9 +132,9 @@ async def test_redis_tpm_and_concurrency_are_shared(make_gateway, redis_server):
         await _ask(b)
     assert "in flight" in err.value.response.json()["error"]["message"]
     await slow  # 3 + 5 = 8 tokens, charged in Redis (in a task after the request ended)
-    await asyncio.sleep(0.2)
+    await _shared_released(redis_server.url)
     await _ask(b)  # admitted at 8 < 10, the slot is free; now 13
-    await asyncio.sleep(0.2)
+    await _shared_released(redis_server.url)
     with pytest.raises(openai.RateLimitError) as err:
         await _ask(a)
     assert "tokens" in err.value.response.json()["error"]["message"]

@@ -33,10 +33,14 @@ def two(slow: FakeUpstream, fast: FakeUpstream, **policy: object) -> dict:
 
 
 async def _ask(gw: Gateway, n: int = 1) -> None:
+    """``n`` streams one after another, each returning once the gateway's handler ended (it
+    learns the TTFT then, which may be just after the client read the last byte)."""
     for _ in range(n):
+        logged = len(gw.log_rows())
         stream = await gw.client().chat.completions.create(model="pool", messages=MSG,
                                                            stream=True)
         _ = [c async for c in stream]
+        await gw.wait_rows(logged + 1)
 
 
 async def test_spillover_keeps_the_first_deployment_while_it_meets_the_slo(make_gateway,

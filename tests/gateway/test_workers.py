@@ -41,6 +41,16 @@ async def _metric_total(url: str, name: str) -> float:
     return sum(float(m[1]) for m in re.finditer(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
 
 
+async def _settled_total(url: str, name: str, want: float, timeout: float = 10.0) -> float:
+    """The total once it reached ``want`` (or the last value seen): a request is counted when
+    its handler ends, which may be just after the client read the last byte."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while (value := await _metric_total(url, name)) != want and loop.time() < end:
+        await asyncio.sleep(0.05)
+    return value
+
+
 @pytest.fixture
 async def workers(fake, tmp_path):
     """Start a 2-worker gateway; yields (url, process, request-log path)."""
@@ -95,6 +105,7 @@ async def test_two_workers_serve_and_metrics_add_up(workers, fake):
     serving = {pid for pid in pids
                if any(c.raddr and c.raddr.port == port for c in _tcp(psutil.Process(pid)))}
     assert serving == pids
+    assert await _settled_total(url, "gateway_requests_total", 40) == 40
     for _ in range(4):  # every scrape (landing on either worker) counts all 40
         assert await _metric_total(url, "gateway_requests_total") == 40
         assert await _metric_total(url, "gateway_ttft_seconds_count") == 40
@@ -109,6 +120,7 @@ async def test_two_workers_serve_and_metrics_add_up(workers, fake):
 async def test_killed_worker_is_restarted_and_totals_survive(workers):
     url, proc, _ = workers
     await asyncio.gather(*(_post(url) for _ in range(10)))
+    assert await _settled_total(url, "gateway_requests_total", 10) == 10  # before the kill
     before = _worker_pids(proc)
     victim = min(before)
     os.kill(victim, signal.SIGKILL)
@@ -120,7 +132,7 @@ async def test_killed_worker_is_restarted_and_totals_survive(workers):
     assert len(now) == 2 and victim not in now
     await asyncio.sleep(0.5)  # the new worker is listening
     await asyncio.gather(*(_post(url) for _ in range(10)))
-    assert await _metric_total(url, "gateway_requests_total") == 20  # the dead one's 10 too
+    assert await _settled_total(url, "gateway_requests_total", 20) == 20  # the dead one's too
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), 30) == 0
     err = (await proc.stderr.read()).decode()
