@@ -94,8 +94,8 @@ async def test_metrics_bearer(make_gateway, monkeypatch):
 
 def test_keystore_sha256_and_env_keys():
     store = KeyStore.from_config(
-        (KeyConfig("a", sha256=digest("alpha").hex(), models=("m*",)),
-         KeyConfig("b", env="B_KEY"), KeyConfig("c", env="UNSET_KEY")), {"B_KEY": "beta"})
+        (KeyConfig(name="a", sha256=digest("alpha").hex(), models=("m*",)),
+         KeyConfig(name="b", env="B_KEY"), KeyConfig(name="c", env="UNSET_KEY")), {"B_KEY": "beta"})
     assert store.check("alpha").name == "a" and store.check("beta").name == "b"
     assert store.check("alpha").allows("m1") and not store.check("alpha").allows("x")
     for bad in ("", None, "gamma", "alph"):
