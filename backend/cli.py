@@ -41,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="capture decode steps in CUDA graphs (no-op on CPU)")
     p.add_argument("--nvtx", action="store_true", help="emit NVTX ranges")
     p.add_argument("--nvtx-prefix", default="infer", help="prefix of NVTX range names")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="close a connection whose request head takes longer (slow clients)")
+    p.add_argument("--body-timeout", type=float, default=60.0, metavar="S",
+                   help="answer 408 when a request body takes longer to arrive")
+    p.add_argument("--keepalive-timeout", type=float, default=30.0, metavar="S",
+                   help="close an idle keep-alive connection after this long")
+    p.add_argument("--max-connections", type=int, default=2048,
+                   help="open connections past this get a 503 and are closed")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -54,7 +62,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         cuda_graph=args.cuda_graph, nvtx=args.nvtx, nvtx_prefix=args.nvtx_prefix,
         max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching)
     return ServerConfig(model=args.model, host=args.host, port=args.port,
-                        served_model_name=args.served_model_name, engine=engine)
+                        served_model_name=args.served_model_name, engine=engine,
+                        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                        keepalive_timeout_s=args.keepalive_timeout,
+                        max_connections=args.max_connections)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

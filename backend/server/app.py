@@ -13,6 +13,7 @@ from backend.engine.nvtx import NvtxRanges
 
 from . import handlers
 from .config import ServerConfig
+from .connections import ConnectionLimits, GuardedAppRunner
 from .errors import error_middleware
 from .metrics import Metrics
 from .state import BackendState, request_id
@@ -87,7 +88,10 @@ async def start_app(app: web.Application, host: str, port: int) -> tuple[web.App
     """Start serving; returns the runner and the base URL (port 0 picks a free port)."""
     # handler_cancellation: a client that hangs up cancels its handler, which aborts the
     # engine request even while it still waits in the queue and nothing is being written.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    config = app[CONFIG]
+    limits = ConnectionLimits(config.header_timeout_s, config.keepalive_timeout_s,
+                              config.max_connections)
+    runner = GuardedAppRunner(app, limits, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

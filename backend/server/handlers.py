@@ -28,7 +28,7 @@ def _sse(payload: dict | str) -> bytes:
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     received = time.perf_counter_ns()
     state, rid = request.app[STATE], request_id(request)
-    req = parse_generation(await read_json(request), kind)
+    req = parse_generation(await read_json(request, state.config.body_timeout_s), kind)
     state.check_model(req.model)
     prompt_ids = await state.prompt_ids(req)
     params = state.sampling_params(req, len(prompt_ids))
@@ -78,7 +78,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    state, body = request.app[STATE], await read_json(request)
+    state = request.app[STATE]
+    body = await read_json(request, state.config.body_timeout_s)
     state.check_model(body.get("model"))
     add_gen = body.get("add_generation_prompt", True)
     if "messages" in body:
