@@ -15,6 +15,7 @@ from . import handlers
 from .config import ServerConfig
 from .connections import ConnectionLimits, GuardedAppRunner
 from .errors import error_middleware
+from .failures import ERROR_COUNTER, failure_middleware
 from .metrics import Metrics
 from .state import BackendState, request_id
 
@@ -47,6 +48,7 @@ def _engine_ctx(loader: SourceLoader, factory: EngineFactory):
             # Loading (and on first use converting) weights takes seconds: not on the loop.
             source = await loop.run_in_executor(executor, loader, config.model)
             metrics = Metrics(lambda: engine.stats() if engine is not None else None)
+            app[ERROR_COUNTER] = metrics.request_errors
             started = factory(config.engine, source, metrics.observe_step)
             await started.start()
             engine = started
@@ -70,7 +72,8 @@ async def _echo_request_id(request: web.Request, response: web.StreamResponse) -
 def create_app(config: ServerConfig, *, source_loader: SourceLoader | None = None,
                engine_factory: EngineFactory | None = None) -> web.Application:
     """The backend app; the loader and engine factory are replaceable for tests."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[failure_middleware, error_middleware],
+                          client_max_size=64 * 1024 * 1024)
     app[CONFIG] = config
     app.cleanup_ctx.append(_engine_ctx(source_loader or _default_loader,
                                        engine_factory or _default_engine))

@@ -10,7 +10,7 @@ import uuid
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .errors import APIError, bad_request
+from .errors import FAILURE, APIError, bad_request
 from .formatting import ChunkFormatter, aggregate
 from .generation import Generation
 from .protocol import Kind, parse_generation, parse_messages, read_json
@@ -60,7 +60,7 @@ async def _stream(request: web.Request, fmt: ChunkFormatter,
         except APIError as err:
             # Headers are gone: report in-band (OpenAI's shape) and leave out [DONE], so a
             # failed stream never reads as a complete, shorter answer.
-            log.warning("stream %s failed: %s", request_id(request), err.message)
+            request[FAILURE] = err  # counted and logged once by the failure middleware
             await resp.write(_sse(err.body()))
         except ConnectionError:
             log.info("client disconnected from %s", request_id(request))

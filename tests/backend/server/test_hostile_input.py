@@ -93,6 +93,9 @@ async def test_server_still_serves_after_the_hostile_bodies(smollm2):
         for _, path, body, _ in CASES:
             status, _ = await _post(session, smollm2.base_url + path, body)
             assert status == 400
+        async with session.get(f"{smollm2.base_url}/metrics") as resp:
+            metrics = await resp.text()
+    assert 'backend_request_errors_total{code="invalid_value",status="400"}' in metrics
     await _alive_and_empty(smollm2)
 
 

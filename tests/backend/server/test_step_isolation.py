@@ -7,6 +7,7 @@ import json
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from backend.engine.sampler import Sampler
 
@@ -80,8 +81,17 @@ async def test_a_failing_request_fails_alone_among_eight_streams(smollm2, faulty
     assert (stats.running, stats.waiting, stats.kv_blocks_used) == (0, 0, 0)
 
 
+def _errors_counted(text: str, status: str, code: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "backend_request_errors_total" and \
+                    sample.labels == {"status": status, "code": code}:
+                return sample.value
+    return 0.0
+
+
 async def test_a_failing_request_without_stream_is_a_500_with_the_contract_code(
-        smollm2, faulty_sampler):
+        smollm2, faulty_sampler, caplog):
     body = {"model": "smollm2-135m-instruct", "prompt": "Hello", "max_tokens": 4,
             "seed": FAULT_SEED}
     async with aiohttp.ClientSession() as session:
@@ -90,6 +100,11 @@ async def test_a_failing_request_without_stream_is_a_500_with_the_contract_code(
             error = (await resp.json())["error"]
         async with session.get(f"{smollm2.base_url}/health") as resp:
             assert resp.status == 200
+        async with session.get(f"{smollm2.base_url}/metrics") as resp:
+            metrics = await resp.text()
+    assert _errors_counted(metrics, "500", "request_failed_in_step") >= 1
+    failed = [r for r in caplog.records if "request_failed_in_step" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelname == "ERROR"
     assert error["type"] == "server_error" and error["code"] == "request_failed_in_step"
     assert "injected fault" in error["message"]
     stats = await _idle(smollm2)
