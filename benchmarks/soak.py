@@ -45,9 +45,9 @@ class Tally:
             self.failures.append(what[:300])
 
 
-def _body(rng: random.Random, stream: bool) -> tuple[str, dict]:
+def _body(rng: random.Random, stream: bool, max_tokens: int) -> tuple[str, dict]:
     prompt = rng.choice(PROMPTS)
-    common = {"model": MODEL, "max_tokens": rng.randint(1, 48), "stream": stream,
+    common = {"model": MODEL, "max_tokens": rng.randint(1, max_tokens), "stream": stream,
               "temperature": rng.choice([0, 0.7, 1.0])}
     if rng.random() < 0.5:
         return "/v1/chat/completions", {**common,
@@ -56,9 +56,9 @@ def _body(rng: random.Random, stream: bool) -> tuple[str, dict]:
 
 
 async def _one(session: aiohttp.ClientSession, url: str, rng: random.Random,
-               abort_rate: float, tally: Tally) -> None:
+               abort_rate: float, max_tokens: int, tally: Tally) -> None:
     stream = rng.random() < 0.7
-    path, body = _body(rng, stream)
+    path, body = _body(rng, stream, max_tokens)
     abort = rng.random() < abort_rate
     tally.sent += 1
     try:
@@ -108,8 +108,9 @@ async def _read(session: aiohttp.ClientSession, url: str, body: dict,
         return "" if done else "stream ended without [DONE]"
 
 
-async def _load(url: str, duration_s: float, concurrency: int, abort_rate: float,
-                seed: int) -> Tally:
+async def run_load(url: str, duration_s: float, concurrency: int, abort_rate: float,
+                   seed: int, max_tokens: int = 48) -> Tally:
+    """Closed-loop mixed load until duration_s has passed (requests under way finish)."""
     tally, deadline = Tally(), time.monotonic() + duration_s
     timeout = aiohttp.ClientTimeout(total=300)
 
@@ -118,7 +119,7 @@ async def _load(url: str, duration_s: float, concurrency: int, abort_rate: float
         # One session per worker; an aborted request's connection is dropped with it.
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while time.monotonic() < deadline:
-                await _one(session, url, rng, abort_rate, tally)
+                await _one(session, url, rng, abort_rate, max_tokens, tally)
 
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
     return tally
@@ -137,7 +138,7 @@ async def _run(target: BackendTarget, args: argparse.Namespace) -> dict:
     sampler = asyncio.create_task(_sample_rss(target, samples, start,
                                               max(1.0, args.duration / 100)))
     try:
-        tally = await _load(target.base_url, args.duration, args.concurrency, args.abort_rate,
+        tally = await run_load(target.base_url, args.duration, args.concurrency, args.abort_rate,
                             args.seed)
     finally:
         sampler.cancel()
