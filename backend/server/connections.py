@@ -26,6 +26,7 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
 log = logging.getLogger("backend.server")
+_REFUSED_LINGER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,12 @@ class GuardedRequestHandler(RequestHandler):
             transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
                             b"application/json\r\nRetry-After: 1\r\nConnection: close\r\n"
                             b"Content-Length: %d\r\n\r\n" % len(body) + body)
-            transport.close()
+            # Half-close now, close a moment later: closing at once would reset the
+            # connection if the client's request arrives afterwards, and a reset can destroy
+            # the 503 before the client reads it. Its bytes are ignored meanwhile.
+            if transport.can_write_eof():
+                transport.write_eof()
+            self._loop.call_later(_REFUSED_LINGER_S, transport.close)
             self.guard.refused_total += 1
             return
         self.guard.open_connections += 1
