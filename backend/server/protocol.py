@@ -48,8 +48,8 @@ async def read_body(request: web.Request, timeout_s: float | None = None) -> byt
     except asyncio.TimeoutError:
         raise APIError(408, f"the request body did not arrive within {timeout_s:g} s",
                        code="body_timeout") from None
-    except web.HTTPException:
-        raise  # e.g. 413 from the size limit: the middleware shapes it
+    except (web.HTTPException, ConnectionError):
+        raise  # 413 from the size limit (the middleware shapes it); a client gone mid-body
     except Exception as exc:  # noqa: BLE001 - e.g. a Content-Encoding the body is not in
         raise APIError(400, f"the request body could not be read ({type(exc).__name__}); "
                        "check its Content-Encoding", code="invalid_body") from None
