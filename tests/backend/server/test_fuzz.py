@@ -14,7 +14,8 @@ async def test_fuzzed_bodies_never_get_a_5xx(smollm2):
     tally = Tally()
     await asyncio.to_thread(fuzz, smollm2.base_url, 150, tally, True)
     assert sum(tally.statuses.values()) >= 150 and not tally.bad
-    assert tally.statuses["200"] >= 5 and tally.statuses["400"] >= 50  # both paths exercised
+    # both the engine and the checks at the door were exercised
+    assert tally.statuses["200"] >= 5 and tally.statuses["400"] >= 30, tally.statuses
     with httpx.Client() as client:
         assert client.get(f"{smollm2.base_url}/health").status_code == 200
     for _ in range(100):
