@@ -3,7 +3,8 @@ completion bodies (streamed and not), with every field drawn from valid values, 
 and junk, plus raw byte bodies and odd headers. Every answer must be a 200 or an OpenAI-style
 4xx, never a 5xx, never a hang; the server must be alive afterwards with every KV block free.
 
-    python -m benchmarks.fuzz_backend --cases 1000 --json docs/benchmarks/reliability/fuzz_backend.json
+    python -m benchmarks.fuzz_backend --cases 1000 \
+        --json docs/benchmarks/reliability/fuzz_backend.json
 
 Valid requests ask for at most 3 tokens, so a case costs milliseconds of model time.
 """

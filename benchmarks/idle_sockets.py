@@ -2,7 +2,8 @@
 check that /health and a real stream still answer, then that the server closes the idle
 sockets once its header timeout passes.
 
-    python -m benchmarks.idle_sockets --sockets 1000 --json docs/benchmarks/reliability/idle_sockets.json
+    python -m benchmarks.idle_sockets --sockets 1000 \
+        --json docs/benchmarks/reliability/idle_sockets.json
 """
 from __future__ import annotations
 

@@ -124,7 +124,8 @@ def write_charts(rows: list[dict], out_dir: str, slo_ms: float | None) -> list[s
             chart_decomposition(rows, os.path.join(out_dir, "ttft_decomposition.png"))]
 
 
-_COLUMNS = (("batch_size", "batch"), ("status", "status"), ("requests_ok", "ok"), ("requests_failed", "failed"),
+_COLUMNS = (("batch_size", "batch"), ("status", "status"), ("requests_ok", "ok"),
+            ("requests_failed", "failed"),
             ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
             ("ttft_count", "n"), ("tpot_p50_ms", "TPOT p50 ms"), ("e2e_p50_ms", "E2E p50 ms"),
             ("output_tok_s", "out tok/s"), ("goodput_req_s", "goodput req/s"),

@@ -9,6 +9,8 @@ import httpx
 
 from benchmarks.fuzz_backend import Tally, fuzz
 
+from .harness import wait_engine_idle
+
 
 async def test_fuzzed_bodies_never_get_a_5xx(smollm2):
     tally = Tally()
@@ -18,9 +20,5 @@ async def test_fuzzed_bodies_never_get_a_5xx(smollm2):
     assert tally.statuses["200"] >= 5 and tally.statuses["400"] >= 30, tally.statuses
     with httpx.Client() as client:
         assert client.get(f"{smollm2.base_url}/health").status_code == 200
-    for _ in range(100):
-        s = smollm2.engine_stats()
-        if (s.running, s.waiting, s.kv_blocks_used) == (0, 0, 0):
-            break
-        await asyncio.sleep(0.05)
+    s = await wait_engine_idle(smollm2)
     assert (s.running, s.waiting, s.kv_blocks_used) == (0, 0, 0)

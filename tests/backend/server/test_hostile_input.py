@@ -8,6 +8,8 @@ import json
 import aiohttp
 import pytest
 
+from .harness import wait_engine_idle
+
 MODEL = "smollm2-135m-instruct"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 COMPLETION = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
@@ -69,12 +71,8 @@ async def _alive_and_empty(server) -> None:
     async with aiohttp.ClientSession() as session:
         status, out = await _post(session, f"{server.base_url}/v1/completions", COMPLETION)
         assert status == 200 and out["usage"]["completion_tokens"] == 2
-    for _ in range(100):
-        s = server.engine_stats()
-        if (s.running, s.waiting, s.kv_blocks_used) == (0, 0, 0):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"engine not idle: {server.engine_stats()}")
+    s = await wait_engine_idle(server)
+    assert (s.running, s.waiting, s.kv_blocks_used) == (0, 0, 0), s
 
 
 @pytest.mark.parametrize("name,path,body,param", CASES, ids=[c[0] for c in CASES])

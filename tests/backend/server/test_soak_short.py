@@ -3,10 +3,11 @@ server and engine: nothing fails that the client did not abort, no KV block stay
 error in the log. `python -m benchmarks.soak` runs the long version in its own process."""
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from benchmarks.soak import run_load
+
+from .harness import wait_engine_idle
 
 
 async def test_short_soak_leaks_nothing(smollm2, caplog):
@@ -14,10 +15,6 @@ async def test_short_soak_leaks_nothing(smollm2, caplog):
     tally = await run_load(smollm2.base_url, 20.0, 8, 0.3, seed=7, max_tokens=16)
     assert tally.sent >= 8 and tally.failed == 0, tally.failures
     assert tally.ok + tally.aborted == tally.sent
-    for _ in range(200):
-        s = smollm2.engine_stats()
-        if (s.running, s.waiting, s.kv_blocks_used) == (0, 0, 0):
-            break
-        await asyncio.sleep(0.05)
+    s = await wait_engine_idle(smollm2)
     assert (s.running, s.waiting, s.kv_blocks_used) == (0, 0, 0)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

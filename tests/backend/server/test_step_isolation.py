@@ -11,6 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend.engine.sampler import Sampler
 
+from .harness import wait_engine_idle
+
 FAULT_SEED = 424242  # the injected fault: sampling any batch holding this seed raises
 PROMPTS = [f"Count from {i} upwards:" for i in range(1, 9)]
 
@@ -57,15 +59,6 @@ async def _eight(url: str, faulty: bool) -> list[tuple[list[str], list[dict]]]:
             for i, p in enumerate(PROMPTS)))
 
 
-async def _idle(server) -> object:
-    for _ in range(100):
-        s = server.engine_stats()
-        if s.running == 0 and s.waiting == 0:
-            return s
-        await asyncio.sleep(0.05)
-    return server.engine_stats()
-
-
 async def test_a_failing_request_fails_alone_among_eight_streams(smollm2, faulty_sampler):
     clean = await _eight(smollm2.base_url, faulty=False)
     assert all(not errors and len(pieces) >= 1 for pieces, errors in clean)
@@ -77,7 +70,7 @@ async def test_a_failing_request_fails_alone_among_eight_streams(smollm2, faulty
     for i in range(8):
         if i != 3:
             assert mixed[i] == clean[i], f"stream {i} changed"
-    stats = await _idle(smollm2)
+    stats = await wait_engine_idle(smollm2)
     assert (stats.running, stats.waiting, stats.kv_blocks_used) == (0, 0, 0)
 
 
@@ -107,5 +100,5 @@ async def test_a_failing_request_without_stream_is_a_500_with_the_contract_code(
     assert len(failed) == 1 and failed[0].levelname == "ERROR"
     assert error["type"] == "server_error" and error["code"] == "request_failed_in_step"
     assert "injected fault" in error["message"]
-    stats = await _idle(smollm2)
+    stats = await wait_engine_idle(smollm2)
     assert stats.kv_blocks_used == 0
