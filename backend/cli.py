@@ -58,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
                         f"steps (bearer token from the env var {PROFILE_TOKEN_ENV}, required)")
     p.add_argument("--profile-dir", default="runs/profiles",
                    help="where /debug/profile stores its traces (default: %(default)s)")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="close a connection whose request head takes longer (slow clients)")
+    p.add_argument("--body-timeout", type=float, default=60.0, metavar="S",
+                   help="answer 408 when a request body takes longer to arrive")
+    p.add_argument("--keepalive-timeout", type=float, default=30.0, metavar="S",
+                   help="close an idle keep-alive connection after this long")
+    p.add_argument("--max-connections", type=int, default=2048,
+                   help="open connections past this get a 503 and are closed")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -74,7 +82,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching)
     return ServerConfig(model=args.model, host=args.host, port=args.port,
                         served_model_name=args.served_model_name, engine=engine,
-                        enable_profiling=args.enable_profiling, profile_dir=args.profile_dir)
+                        enable_profiling=args.enable_profiling, profile_dir=args.profile_dir,
+                        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                        keepalive_timeout_s=args.keepalive_timeout,
+                        max_connections=args.max_connections)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -164,12 +164,18 @@ def _save(fig: Any, path: str) -> str:
 
 
 def write_charts(rows: list[dict], out_dir: str, slo_ms: float | None) -> list[str]:
+    """The three charts over the steps that measured something (failed steps have no
+    latencies to plot); none when every step failed."""
+    rows = [r for r in rows if not r.get("step_failed")]
+    if not rows:
+        return []
     return [chart_ttft(rows, slo_ms, os.path.join(out_dir, "ttft_vs_batch.png")),
             chart_throughput(rows, os.path.join(out_dir, "tpot_throughput_gpu.png")),
             chart_decomposition(rows, os.path.join(out_dir, "ttft_decomposition.png"))]
 
 
-_COLUMNS = (("batch_size", "batch"), ("requests_ok", "ok"), ("requests_failed", "failed"),
+_COLUMNS = (("batch_size", "batch"), ("status", "status"), ("requests_ok", "ok"),
+            ("requests_failed", "failed"),
             ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
             ("ttft_count", "n"), ("tpot_p50_ms", "TPOT p50 ms"), ("e2e_p50_ms", "E2E p50 ms"),
             ("output_tok_s", "out tok/s"), ("goodput_req_s", "goodput req/s"),
@@ -185,6 +191,13 @@ def _cell(v: Any) -> str:
     return html.escape(str(v))
 
 
+def _status(row: dict) -> str:
+    if not row.get("step_failed"):
+        return "ok"
+    errors = row.get("errors") or []
+    return f"failed: {errors[0]['error']}" if errors else "failed: no request completed"
+
+
 def write_html(meta: dict, rows: list[dict], charts: list[str], path: str) -> str:
     """One file, images inline as base64, readable offline and attachable to a ticket."""
     imgs = []
@@ -194,8 +207,8 @@ def write_html(meta: dict, rows: list[dict], charts: list[str], path: str) -> st
         imgs.append(f'<img alt="{html.escape(os.path.basename(c))}" '
                     f'src="data:image/png;base64,{b64}">')
     head = "".join(f"<th>{html.escape(t)}</th>" for _, t in _COLUMNS)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(k))}</td>" for k, _ in _COLUMNS)
-                   + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(_status(r) if k == 'status' else r.get(k))}"
+                                    "</td>" for k, _ in _COLUMNS) + "</tr>" for r in rows)
     warnings = "".join(f"<li>{html.escape(w)}</li>" for w in meta.get("warnings", []))
     verdict = html.escape(meta.get("verdict", ""))
     settings = html.escape("\n".join(f"{k}: {v}" for k, v in meta.get("settings", {}).items()))

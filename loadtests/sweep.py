@@ -17,10 +17,12 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
 from loadtests import observe, report
+from loadtests.client import StreamingChatClient
 from loadtests.decompose import decompose, read_gateway_log
 from loadtests.procs import stop_process
 from loadtests.records import read_records, summary_path
@@ -58,6 +60,8 @@ class SweepConfig:
     backend_args: tuple[str, ...] = field(default_factory=tuple)
     backend_start_timeout_s: float = 600.0
     progress: bool = True
+    # The client key: handed to Locust through its environment, never written anywhere.
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
@@ -99,8 +103,9 @@ def run_locust(cfg: SweepConfig, batch: int, step_dir: str) -> tuple[str, int]:
     if cfg.progress:
         from tqdm import tqdm
         bar = tqdm(total=cfg.requests, desc=f"batch {batch:>3}", unit="req", leave=True)
+    env = {**os.environ, "GATEWAY_API_KEY": cfg.api_key} if cfg.api_key else None
     with open(os.path.join(step_dir, "locust.log"), "w") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)  # key via env
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + cfg.step_timeout_s + 60
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -144,8 +149,13 @@ def build_row(cfg: SweepConfig, batch: int, records_path: str, rc: int, gpu: dic
     good = [r for r in ok if slo_s is None or (r.ttft_s or 0) <= slo_s]
     dec = decompose(recs, gw_log)
     gen = summ.get("generator", {})
+    errors = Counter(r.error or f"HTTP {r.status}" for r in recs if not r.ok)
     row = {
         "batch_size": batch, "locust_exit_code": rc,
+        # a step with no successful request has no latency to report: it is marked, and
+        # its most common errors say why (e.g. "HTTP 401: Missing API key")
+        "step_failed": not ok,
+        "errors": [{"error": e, "count": n} for e, n in errors.most_common(3)],
         "requests_ok": len(ok), "requests_failed": len(failed),
         "ttft_count": ttft.count, "ttft_mean_ms": _ms(ttft.mean), "ttft_p50_ms": _ms(ttft.p50),
         "ttft_p90_ms": _ms(ttft.p90), "ttft_p95_ms": _ms(ttft.p95), "ttft_p99_ms": _ms(ttft.p99),
@@ -231,6 +241,9 @@ def sweep_warnings(cfg: SweepConfig, rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
         b = r["batch_size"]
+        if r["step_failed"]:
+            out.append(f"batch {b}: {step_failure(r)}")
+            continue
         if r["ttft_count"] < MIN_SAMPLES_P99:
             out.append(f"batch {b}: p99 from {r['ttft_count']} samples (< {MIN_SAMPLES_P99}); "
                        "raise --requests for a real p99")
@@ -255,13 +268,21 @@ def sweep_warnings(cfg: SweepConfig, rows: list[dict]) -> list[str]:
     return out
 
 
-CSV_EXCLUDE = ("ttft_decomposition_ms", "decomposition_joined", "gateway_means_s",
+def step_failure(row: dict) -> str:
+    """One sentence on a failed step: its most common error first."""
+    if not row["errors"]:
+        return "no request completed (and none recorded an error: see the step's locust.log)"
+    top = row["errors"][0]
+    return f"every request failed: {top['error']} ({top['count']}x)"
+
+
+CSV_EXCLUDE = ("errors", "ttft_decomposition_ms", "decomposition_joined", "gateway_means_s",
                "backend_means_s", "gpu")
 
 
 def write_outputs(cfg: SweepConfig, rows: list[dict], out: str) -> dict:
     best, verdict = choose_best(cfg, rows)
-    settings = {k: v for k, v in asdict(cfg).items() if k != "metrics_token"}
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("metrics_token", "api_key")}
     meta = {"label": cfg.label, "model": cfg.model, "verdict": verdict,
             "best_batch_size": best["batch_size"] if best else None,
             "goodput_req_s": best["goodput_req_s"] if best else None,
@@ -295,12 +316,54 @@ def run_sweep(cfg: SweepConfig) -> dict:
     try:
         for batch in cfg.batch_sizes:
             rows.append(run_step(cfg, batch, out, backend))
+            if rows[-1]["step_failed"]:
+                print(f"batch {batch}: {step_failure(rows[-1])}", flush=True)
     finally:
         if backend is not None:
             backend.stop()
     meta = write_outputs(cfg, rows, out)
     meta["out"] = out
+    meta["failed_steps"] = [r["batch_size"] for r in rows if r["step_failed"]]
     return meta
+
+
+def probe_e2e(cfg: SweepConfig) -> tuple[float | None, str | None]:
+    """One request of the sweep's size, alone: (its E2E seconds, None) or (None, error)."""
+    client = StreamingChatClient(cfg.host, cfg.api_key, timeout_s=cfg.step_timeout_s)
+    body = {"model": cfg.model, "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": cfg.output_tokens, "temperature": 0}
+    # about prompt_tokens tokens of text (a short English word is about one token)
+    text = " ".join(["hello"] * max(cfg.prompt_tokens - 8, 1))
+    if cfg.endpoint == "chat":
+        body["messages"], path = [{"role": "user", "content": text}], "/v1/chat/completions"
+    else:
+        body["prompt"], path = text, "/v1/completions"
+    try:
+        rec = client.stream_chat(body, cfg.model, path=path)
+    finally:
+        client.close()
+    return (rec.e2e_s, None) if rec.ok and rec.e2e_s else (None, rec.error or "no answer")
+
+
+def estimate_text(cfg: SweepConfig, probe_e2e_s: float | None) -> str:
+    """How long the sweep will take: from one probe request and the sweep's own settings.
+
+    Each step runs warm-up + measured requests at concurrency b, so about
+    ceil(n / b) rounds of one request's E2E if batching cost nothing (it doesn't: larger
+    batches take longer per round, so this is a lower bound); the step timeout caps it."""
+    steps = len(cfg.batch_sizes)
+    cap_s = steps * cfg.step_timeout_s
+    head = (f"{steps} batch sizes x {cfg.requests} measured requests, each step capped at "
+            f"{cfg.step_timeout_s:g} s (at most {cap_s / 60:.0f} min)")
+    if probe_e2e_s is None:
+        return f"estimated duration: unknown (the probe request failed); {head}"
+    rounds = sum(-(-(cfg.requests + (b if cfg.warmup_requests is None
+                                      else cfg.warmup_requests)) // b)
+                 for b in cfg.batch_sizes)
+    est = min(rounds * probe_e2e_s, cap_s)
+    return (f"estimated duration: at least {est / 60:.0f} min ({rounds} rounds of "
+            f"{probe_e2e_s:.1f} s, the E2E of one probe request on this machine; larger "
+            f"batches take longer per round); {head}")
 
 
 def _default_metrics_url(host: str) -> str:
@@ -339,6 +402,9 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
     p.add_argument("--backend-args", default="", help="extra backend flags, one string")
     p.add_argument("--backend-start-timeout", type=float, default=600.0)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--api-key", default=os.environ.get("GATEWAY_API_KEY"),
+                   help="client key (default: env GATEWAY_API_KEY; prefer the env var: a "
+                        "flag shows in the process list)")
     a = p.parse_args(argv)
     gm = a.gateway_metrics or _default_metrics_url(a.host)
     return SweepConfig(
@@ -353,17 +419,23 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
         step_timeout_s=a.step_timeout, restart_backend=a.restart_backend,
         backend_model=a.backend_model, backend_port=a.backend_port,
         backend_args=tuple(shlex.split(a.backend_args)),
-        backend_start_timeout_s=a.backend_start_timeout, progress=not a.no_progress)
+        backend_start_timeout_s=a.backend_start_timeout, progress=not a.no_progress,
+        api_key=a.api_key or None)
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    if not cfg.restart_backend:  # with --restart-backend nothing is up to probe yet
+        e2e, error = probe_e2e(cfg)
+        if error:
+            print(f"warning: the probe request failed: {error}", flush=True)
+        print(estimate_text(cfg, e2e), flush=True)
     meta = run_sweep(cfg)
     print(meta["verdict"])
     for w in meta["warnings"]:
         print("warning:", w)
     print(f"report: {os.path.join(meta['out'], 'report.html')}")
-    return 0
+    return 1 if meta["failed_steps"] else 0
 
 
 if __name__ == "__main__":

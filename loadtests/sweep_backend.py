@@ -29,6 +29,11 @@ class BackendProcess:
             raise RuntimeError(f"backend did not become healthy on port {self.port} within "
                                f"{self.start_timeout_s:g} s; see {log_path}")
 
+    @property
+    def pid(self) -> int | None:
+        """The running backend's process id (None when stopped)."""
+        return self._proc.pid if self._proc is not None else None
+
     def stop(self) -> None:
         if self._proc is not None:
             stop_process(self._proc)

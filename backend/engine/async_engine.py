@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from backend.engine.config import EngineConfig
-from backend.engine.errors import EngineNotRunning
+from backend.engine.errors import EngineNotRunning, StepFailed
 from backend.engine.outputs import EngineStats, RequestOutput, StepStats
 from backend.engine.sampling import SamplingParams
 from backend.profiling.capture import CaptureJob, StepProfiler
@@ -157,9 +157,10 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self._profiler.run_step(self._engine.step)
-            except Exception as exc:  # noqa: BLE001 - fail the in-flight requests, keep serving
+            except Exception as exc:  # noqa: BLE001 - outside the model run (the scheduler):
+                # nothing narrows it down, so fail the in-flight requests and keep serving
                 log.exception("engine step failed")
-                self._fail_all(exc)
+                self._fail_all(StepFailed(f"{type(exc).__name__}: {exc}"))
                 continue
             if outputs:
                 self._loop.call_soon_threadsafe(self._deliver, outputs)

@@ -17,3 +17,8 @@ class RequestRejected(ValueError):
 
 class EngineNotRunning(RuntimeError):
     """generate()/check_request() called before start() or after stop()."""
+
+
+class StepFailed(RuntimeError):
+    """The engine step that carried this request raised; only the requests that broke the
+    step (or every request of a step that could not be narrowed down) get it."""

@@ -96,20 +96,22 @@ class LLMEngine:
 
     # -- stepping ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One scheduled step. When the model or the sampler raises, the step is re-run on
+        halves of the batch until the sequences that break it are found: those finish with
+        ``finish_reason == "error"`` (their blocks freed), every other one gets its token
+        exactly as in a clean step. A failed run leaves no trace (``num_computed`` moves on
+        only after a run succeeds, and re-writing the same K/V slots is harmless)."""
         t0 = time.perf_counter_ns()
         with self.nvtx.range("schedule"):
             batch = self.scheduler.schedule()
         if batch.num_seqs == 0:
             return []
-        sampled = batch.sampled_seqs()  # before num_computed moves on
-        tokens = self.runner.run(batch)
-        for seq in batch.decodes:
-            seq.num_computed += 1
-        for seq, n in batch.prefills:
-            seq.num_computed += n
-        for seq in batch.decodes + [s for s, _ in batch.prefills]:
-            self.block_manager.register_computed(seq)
-        outputs = [self._append(seq, tok) for seq, tok in zip(sampled, tokens)]
+        try:
+            outputs = self._run(batch)
+        except Exception as exc:  # noqa: BLE001 - isolate the culprits, keep the rest
+            log.warning("engine step of %d sequences failed (%s: %s); isolating the failing "
+                        "requests", batch.num_seqs, type(exc).__name__, exc)
+            outputs = self._run_isolating(batch, exc)
         if self.step_observer is not None:
             stats = StepStats(batch.num_seqs, batch.num_prefill_tokens, len(batch.decodes),
                               (time.perf_counter_ns() - t0) / 1e9)
@@ -118,6 +120,41 @@ class LLMEngine:
             except Exception:  # noqa: BLE001 - a metrics bug must not fail the requests
                 log.exception("step observer failed")
         return outputs
+
+    def _run(self, batch: ScheduledBatch) -> list[RequestOutput]:
+        """Run the model on batch and commit its progress; raises before committing."""
+        sampled = batch.sampled_seqs()  # before num_computed moves on
+        tokens = self.runner.run(batch)
+        for seq in batch.decodes:
+            seq.num_computed += 1
+        for seq, n in batch.prefills:
+            seq.num_computed += n
+        for seq in batch.decodes + [s for s, _ in batch.prefills]:
+            self.block_manager.register_computed(seq)
+        return [self._append(seq, tok) for seq, tok in zip(sampled, tokens)]
+
+    def _run_isolating(self, batch: ScheduledBatch, exc: Exception) -> list[RequestOutput]:
+        """Bisect a failed batch: halves that run are committed, a single sequence that
+        still fails alone is failed (``exc`` is the error it raised)."""
+        if batch.num_seqs == 1:
+            seq = batch.decodes[0] if batch.decodes else batch.prefills[0][0]
+            log.error("request %s fails the engine step alone (%s: %s); failing it",
+                      seq.request_id, type(exc).__name__, exc)
+            return [self._fail(seq, f"{type(exc).__name__}: {exc}")]
+        outputs = []
+        for half in _halves(batch):
+            try:
+                outputs += self._run(half)
+            except Exception as sub_exc:  # noqa: BLE001 - narrow it down further
+                outputs += self._run_isolating(half, sub_exc)
+        return outputs
+
+    def _fail(self, seq: Sequence, error: str) -> RequestOutput:
+        self.seqs.pop(seq.request_id, None)
+        self.scheduler.finish(seq, "error")
+        out = self._output(seq, [])
+        out.error = error
+        return out
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
         now = time.perf_counter_ns()
@@ -182,6 +219,17 @@ class LLMEngine:
             for o in self.step():
                 out[o.request_id].extend(o.new_token_ids)
         return [out[rid] for rid in ids]
+
+
+def _halves(batch: ScheduledBatch) -> tuple[ScheduledBatch, ScheduledBatch]:
+    """Split a batch of at least two sequences into two non-empty batches."""
+    items = [(s, None) for s in batch.decodes] + list(batch.prefills)
+    mid = len(items) // 2
+
+    def part(chunk: list) -> ScheduledBatch:
+        return ScheduledBatch([s for s, n in chunk if n is None],
+                              [(s, n) for s, n in chunk if n is not None])
+    return part(items[:mid]), part(items[mid:])
 
 
 def _timings(seq: Sequence) -> RequestTimings:

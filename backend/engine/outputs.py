@@ -20,10 +20,11 @@ class RequestOutput:
     request_id: str
     new_token_ids: list[int]  # tokens produced since the previous output of this request
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort"
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     timings: RequestTimings | None  # set on the final output only
+    error: str | None = None  # finish_reason "error": why this request broke its step
 
 
 @dataclass

@@ -14,8 +14,10 @@ from backend.profiling.gpm import GpmCollector, sampler_for_device
 
 from . import handlers
 from .config import ServerConfig
+from .connections import ConnectionLimits, GuardedAppRunner
 from .debug_profile import ProfileEndpoint
 from .errors import error_middleware
+from .failures import ERROR_COUNTER, failure_middleware
 from .metrics import Metrics
 from .state import BackendState, request_id
 
@@ -50,6 +52,7 @@ def _engine_ctx(loader: SourceLoader, factory: EngineFactory):
             metrics = Metrics(lambda: engine.stats() if engine is not None else None)
             gpm = sampler_for_device(config.engine.device)  # SM activity beside GPU-Util
             metrics.registry.register(GpmCollector(gpm))
+            app[ERROR_COUNTER] = metrics.request_errors
             started = factory(config.engine, source, metrics.observe_step)
             await started.start()
             engine = started
@@ -77,7 +80,8 @@ def create_app(config: ServerConfig, *, source_loader: SourceLoader | None = Non
     """The backend app; the loader and engine factory are replaceable for tests."""
     profiling = ProfileEndpoint.from_env(config.profile_dir) if config.enable_profiling \
         else None  # raises ValueError without a token: never an open profiling route
-    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[failure_middleware, error_middleware],
+                          client_max_size=64 * 1024 * 1024)
     app[CONFIG] = config
     app.cleanup_ctx.append(_engine_ctx(source_loader or _default_loader,
                                        engine_factory or _default_engine))
@@ -98,7 +102,10 @@ async def start_app(app: web.Application, host: str, port: int) -> tuple[web.App
     """Start serving; returns the runner and the base URL (port 0 picks a free port)."""
     # handler_cancellation: a client that hangs up cancels its handler, which aborts the
     # engine request even while it still waits in the queue and nothing is being written.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    config = app[CONFIG]
+    limits = ConnectionLimits(config.header_timeout_s, config.keepalive_timeout_s,
+                              config.max_connections)
+    runner = GuardedAppRunner(app, limits, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -35,6 +35,9 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+FAILURE = web.RequestKey("failure", APIError)  # the error a request ended with, if any
+
+
 def error_response(err: APIError) -> web.Response:
     return web.Response(status=err.status, text=json.dumps(err.body()),
                         content_type="application/json")
@@ -45,15 +48,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except APIError as err:
-        return error_response(err)
+        failure = err
     except RequestRejected as err:
-        return error_response(bad_request(err.message, err.param))
+        failure = bad_request(err.message, err.param)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         # Unknown routes and wrong methods also answer in the OpenAI error shape.
         kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
-        return error_response(APIError(exc.status, exc.reason or str(exc), type=kind))
+        failure = APIError(exc.status, exc.reason or str(exc), type=kind)
     except Exception:  # noqa: BLE001 - last resort: log it, answer 500 in the OpenAI shape
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response(APIError(500, "internal server error", type="server_error"))
+        failure = APIError(500, "internal server error", type="server_error",
+                           code="internal_error")
+    request[FAILURE] = failure
+    return error_response(failure)

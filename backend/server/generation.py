@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Union
 
-from backend.engine.errors import RequestRejected
+from backend.engine.errors import RequestRejected, StepFailed
 from .errors import APIError
 from .stops import StopMatcher
 
@@ -50,6 +50,12 @@ class _Clock:
     last_token: int = 0
 
 
+def step_failed(detail: str) -> APIError:
+    """The answer for a request that broke an engine step: never retried by the gateway."""
+    return APIError(500, f"the engine step failed on this request ({detail})", type="server_error",
+                    code="request_failed_in_step")
+
+
 class Generation:
     """Runs one tokenized request; iterate ``events()`` exactly once."""
 
@@ -81,6 +87,8 @@ class Generation:
                     break
         except RequestRejected as exc:
             raise APIError(400, exc.message, param=exc.param) from exc
+        except StepFailed as exc:
+            raise step_failed(str(exc)) from exc
         except (APIError, GeneratorExit):
             raise
         except Exception as exc:  # an engine failure must not read as a shorter answer
@@ -91,6 +99,8 @@ class Generation:
                 self._engine.abort(self._rid)
         if self._stops.stopped:
             reason = "stop"
+        elif final is not None and final.finish_reason == "error":
+            raise step_failed(final.error or "")
         elif final is None or final.finish_reason == "abort":
             raise APIError(503, "the engine aborted the request", type="server_error",
                            code="engine_aborted")

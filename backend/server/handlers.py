@@ -10,7 +10,7 @@ import uuid
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .errors import APIError, bad_request
+from .errors import FAILURE, APIError, bad_request
 from .formatting import ChunkFormatter, aggregate
 from .generation import Generation
 from .protocol import Kind, parse_generation, parse_messages, read_json
@@ -28,7 +28,7 @@ def _sse(payload: dict | str) -> bytes:
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     received = time.perf_counter_ns()
     state, rid = request.app[STATE], request_id(request)
-    req = parse_generation(await read_json(request), kind)
+    req = parse_generation(await read_json(request, state.config.body_timeout_s), kind)
     state.check_model(req.model)
     prompt_ids = await state.prompt_ids(req)
     params = state.sampling_params(req, len(prompt_ids))
@@ -60,7 +60,7 @@ async def _stream(request: web.Request, fmt: ChunkFormatter,
         except APIError as err:
             # Headers are gone: report in-band (OpenAI's shape) and leave out [DONE], so a
             # failed stream never reads as a complete, shorter answer.
-            log.warning("stream %s failed: %s", request_id(request), err.message)
+            request[FAILURE] = err  # counted and logged once by the failure middleware
             await resp.write(_sse(err.body()))
         except ConnectionError:
             log.info("client disconnected from %s", request_id(request))
@@ -78,7 +78,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    state, body = request.app[STATE], await read_json(request)
+    state = request.app[STATE]
+    body = await read_json(request, state.config.body_timeout_s)
     state.check_model(body.get("model"))
     add_gen = body.get("add_generation_prompt", True)
     if "messages" in body:

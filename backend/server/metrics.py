@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Histogram, disable_created_metrics,
+                               generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -75,6 +76,10 @@ class Metrics:
         self.e2e = hist("backend_e2e_seconds", "Receipt to the request's end", LATENCY_BUCKETS)
         self.batch_size = hist("backend_batch_size", "Sequences per engine step",
                                BATCH_BUCKETS)
+        self.request_errors = Counter(
+            "backend_request_errors", "Requests that ended with an error, by HTTP status and "
+            "error code (also streams that failed after their headers)", ["status", "code"],
+            registry=self.registry)
         self.registry.register(_EngineStatsCollector(stats))
 
     def observe_step(self, step: object) -> None:

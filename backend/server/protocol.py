@@ -5,16 +5,20 @@ Every rejection is an OpenAI-style 400 naming the offending field; the engine's 
 """
 from __future__ import annotations
 
-import json
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from aiohttp import web
 
-from .errors import bad_request
+from . import json_limits
+from .errors import APIError, bad_request
 
 Kind = Literal["chat", "completion"]
 _MISSING = object()
+INT32_MAX = 2**31 - 1  # bound of every count and token id a request may carry
+MAX_MODEL_NAME = 256
+MAX_STOPS = 64
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,23 @@ class GenerationRequest:
     include_usage: bool
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 saying what is wrong with it."""
-    raw = await request.read()
+async def read_body(request: web.Request, timeout_s: float | None = None) -> bytes:
+    """The raw body, read within timeout_s (a client that stops sending gets a 408)."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json")
+        return await asyncio.wait_for(request.read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s",
+                       code="body_timeout") from None
+    except (web.HTTPException, ConnectionError):
+        raise  # 413 from the size limit (the middleware shapes it); a client gone mid-body
+    except Exception as exc:  # noqa: BLE001 - e.g. a Content-Encoding the body is not in
+        raise APIError(400, f"the request body could not be read ({type(exc).__name__}); "
+                       "check its Content-Encoding", code="invalid_body") from None
+
+
+async def read_json(request: web.Request, timeout_s: float | None = None) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying what is wrong with it."""
+    body = json_limits.loads(await read_body(request, timeout_s))
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
     return body
@@ -61,8 +75,30 @@ def _get(body: dict, name: str, types: type | tuple[type, ...], default: Any = _
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         raise bad_request(f"'{name}' must be {what or _type_name(types)}", param=name)
     if not isinstance(value, types):
-        raise bad_request(f"'{name}' must be {what or _type_name(types)}, got {value!r}",
-                          param=name)
+        raise bad_request(f"'{name}' must be {what or _type_name(types)}, got "
+                          f"{_short(value)}", param=name)
+    return value
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A client's value for an error message, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _get_int(body: dict, name: str, lo: int, hi: int, default: Any = _MISSING) -> Any:
+    value = _get(body, name, int, default)
+    if value is not None and value is not default and not lo <= value <= hi:
+        raise bad_request(f"'{name}' must be in [{lo}, {hi}], got {value}", param=name,
+                          code="invalid_value")
+    return value
+
+
+def _get_float(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+    value = float(_get(body, name, (int, float), default))
+    if not lo <= value <= hi:
+        raise bad_request(f"'{name}' must be in [{lo:g}, {hi:g}], got {value:g}", param=name,
+                          code="invalid_value")
     return value
 
 
@@ -81,15 +117,15 @@ def _content_text(content: Any, index: int) -> str:
         return content
     if isinstance(content, list):
         parts = []
-        for part in content:
+        for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" \
                     or not isinstance(part.get("text"), str):
-                raise bad_request(f"messages[{index}].content: only text parts are supported",
-                                  param="messages")
+                raise bad_request(f"messages[{index}].content[{j}]: only text parts are "
+                                  "supported", param=f"messages.{index}.content.{j}")
             parts.append(part["text"])
         return "".join(parts)
     raise bad_request(f"messages[{index}].content must be a string or a list of text parts",
-                      param="messages")
+                      param=f"messages.{index}.content")
 
 
 def parse_messages(body: dict) -> tuple[dict, ...]:
@@ -100,7 +136,7 @@ def parse_messages(body: dict) -> tuple[dict, ...]:
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a string 'role'",
-                              param="messages")
+                              param=f"messages.{i}")
         out.append({"role": msg["role"], "content": _content_text(msg.get("content"), i)})
     return tuple(out)
 
@@ -122,6 +158,8 @@ def _parse_stop(body: dict) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) for s in stops):
         raise bad_request("'stop' must be a string or an array of strings", param="stop")
+    if len(stops) > MAX_STOPS:
+        raise bad_request(f"'stop' holds more than {MAX_STOPS} strings", param="stop")
     if any(s == "" for s in stops):
         raise bad_request("'stop' strings must not be empty", param="stop")
     return tuple(stops)
@@ -129,8 +167,10 @@ def _parse_stop(body: dict) -> tuple[str, ...]:
 
 def _parse_int_list(body: dict, name: str) -> tuple[int, ...]:
     values = _get(body, name, list, default=[])
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise bad_request(f"'{name}' must be an array of integers", param=name)
+    for i, v in enumerate(values):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT32_MAX:
+            raise bad_request(f"'{name}' must be an array of token ids (integers in "
+                              f"[0, {INT32_MAX}])", param=f"{name}.{i}", code="invalid_value")
     return tuple(values)
 
 
@@ -138,6 +178,8 @@ def _check_unsupported(body: dict) -> None:
     n = _get(body, "n", int, default=1)
     if n != 1:
         raise bad_request(f"only n=1 is supported, got n={n}", param="n")
+    for name in ("presence_penalty", "frequency_penalty"):  # accepted, not applied
+        _get_float(body, name, -2.0, 2.0, default=0.0)
     if body.get("echo"):
         raise bad_request("'echo' is not supported", param="echo")
     if body.get("logprobs") not in (None, False, 0):
@@ -155,23 +197,23 @@ def _parse_sampling(body: dict) -> dict[str, Any]:
         param = "max_completion_tokens"
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"'{param}' must be at least 1, got {max_tokens}", param=param)
-    temperature = float(_get(body, "temperature", (int, float), default=1.0))
-    if temperature < 0:
-        raise bad_request(f"'temperature' must be >= 0, got {temperature}", param="temperature")
+    if max_tokens is not None and max_tokens > INT32_MAX:
+        raise bad_request(f"'{param}' must be at most {INT32_MAX}, got {max_tokens}",
+                          param=param, code="invalid_value")
+    temperature = _get_float(body, "temperature", 0.0, 2.0, default=1.0)  # OpenAI's range
     top_p = float(_get(body, "top_p", (int, float), default=1.0))
     if not 0.0 < top_p <= 1.0:
         raise bad_request(f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
-    top_k = _get(body, "top_k", int, default=0)
-    if top_k < 0 and top_k != -1:  # -1 is vLLM's spelling of "off"
-        raise bad_request(f"'top_k' must be >= 0, got {top_k}", param="top_k")
-    min_tokens = _get(body, "min_tokens", int, default=0)
-    if min_tokens < 0:
-        raise bad_request(f"'min_tokens' must be >= 0, got {min_tokens}", param="min_tokens")
+    # -1 is vLLM's spelling of "off"; beyond the vocabulary top_k is off as well
+    top_k = _get_int(body, "top_k", -1, INT32_MAX, default=0)
+    min_tokens = _get_int(body, "min_tokens", 0, INT32_MAX, default=0)
     if max_tokens is not None and min_tokens > max_tokens:
         raise bad_request(f"'min_tokens' ({min_tokens}) must not exceed max_tokens "
                           f"({max_tokens})", param="min_tokens")
     return dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                top_k=max(top_k, 0), seed=_get(body, "seed", int, default=None),
+                top_k=max(top_k, 0),
+                seed=_get_int(body, "seed", json_limits.INT64_MIN, json_limits.INT64_MAX,
+                              default=None),
                 min_tokens=min_tokens, ignore_eos=_get(body, "ignore_eos", bool, default=False),
                 stop=_parse_stop(body), stop_token_ids=_parse_int_list(body, "stop_token_ids"))
 
@@ -179,6 +221,9 @@ def _parse_sampling(body: dict) -> dict[str, Any]:
 def parse_generation(body: dict, kind: Kind) -> GenerationRequest:
     """Validate a chat or completion body (fields follow the OpenAI API, plus vLLM extras)."""
     model = _get(body, "model", str)
+    if len(model) > MAX_MODEL_NAME:
+        raise bad_request(f"'model' is longer than {MAX_MODEL_NAME} characters", param="model",
+                          code="invalid_value")
     _check_unsupported(body)
     messages = parse_messages(body) if kind == "chat" else None
     prompt, prompt_ids = _parse_prompt(body) if kind == "completion" else (None, None)

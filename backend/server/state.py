@@ -39,7 +39,9 @@ class BackendState:
         """404 for a model this server does not serve (the OpenAI shape and code)."""
         if model is None or model in (self.model_name, self.config.model):
             return
-        raise APIError(404, f"The model '{model}' does not exist; this server serves "
+        shown = model if isinstance(model, str) and len(model) <= 256 else \
+            f"{str(model)[:256]}..."
+        raise APIError(404, f"The model '{shown}' does not exist; this server serves "
                        f"'{self.model_name}'", type="not_found_error", param="model",
                        code="model_not_found")
 

@@ -50,3 +50,15 @@ class ServerThread:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
         self._loop.close()
+
+
+async def wait_engine_idle(server: ServerThread, timeout_s: float = 10.0) -> Any:
+    """The engine's stats once nothing runs, waits or holds a KV block (aborts and frees reach
+    the engine a moment after the client's answer), or the last stats at the timeout."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        s = server.engine_stats()
+        if (s.running, s.waiting, s.kv_blocks_used) == (0, 0, 0) or \
+                asyncio.get_running_loop().time() > deadline:
+            return s
+        await asyncio.sleep(0.05)
