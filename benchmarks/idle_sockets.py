@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -21,7 +20,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from benchmarks.backend_target import DEFAULT_ARGS, MODEL, BackendTarget
+from benchmarks.backend_target import DEFAULT_ARGS, MODEL, BackendTarget, machine, write_result
 
 
 def raise_fd_limit(needed: int) -> None:
@@ -114,11 +113,8 @@ def main(argv: list[str] | None = None) -> dict:
         result = asyncio.run(run(target.base_url, args.sockets, args.header_timeout, MODEL))
         result["backend_alive"] = target.alive
         result["log_error_lines"] = len(target.error_lines())
-    result["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
-                         "loadavg_1m_after": os.getloadavg()[0]}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    result["machine"] = machine()
+    write_result(args.json, result)
     floor = result["health_ms_without_idle_sockets"]
     print(f"{args.sockets} idle sockets: /health p50 {result['health_ms']['p50']} ms, max "
           f"{result['health_ms']['max']} ms (without them: p50 {floor['p50']} ms, max "
