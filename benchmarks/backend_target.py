@@ -3,6 +3,8 @@ benchmarks: start it on a free port, watch its health, KV blocks, RSS and log.""
 from __future__ import annotations
 
 import json
+import os
+import platform
 import re
 import time
 import urllib.request
@@ -73,3 +75,17 @@ class BackendTarget:
         """ERROR/CRITICAL lines and tracebacks in the backend's log so far."""
         with open(self.log_path, errors="replace") as f:
             return [line.rstrip() for line in f if _ERROR_LINE.search(line)]
+
+
+def machine() -> dict:
+    """Where a result was measured (the load average says how shared the machine was)."""
+    return {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "loadavg_1m": os.getloadavg()[0]}
+
+
+def write_result(path: str | None, result: dict) -> None:
+    """The result as JSON at path (folders made as needed); nothing when path is None."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.backend_target import MODEL, BackendTarget
+from benchmarks.backend_target import MODEL, BackendTarget, machine, write_result
 
 REQUEST_TIMEOUT_S = 60.0  # a case slower than this counts as a hang
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -205,10 +204,8 @@ def main(argv: list[str] | None = None) -> dict:
         result = {**tally.as_dict(), "duration_s": round(elapsed, 1),
                   "backend_alive": target.alive, "leaked_kv_blocks": idle.kv_blocks_used,
                   "log_error_lines": len(target.error_lines()),
-                  "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+                  "machine": machine()}
+    write_result(args.json, result)
     print(f"{result['cases']} fuzzed requests in {result['duration_s']} s: statuses "
           f"{result['statuses']}; {result['bad']} bad (5xx, hang or malformed); backend alive: "
           f"{result['backend_alive']}; leaked KV blocks {result['leaked_kv_blocks']}")

@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -21,7 +20,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from benchmarks.backend_target import DEFAULT_ARGS, MODEL, BackendTarget
+from benchmarks.backend_target import DEFAULT_ARGS, MODEL, BackendTarget, machine, write_result
 
 
 def raise_fd_limit(needed: int) -> None:
@@ -83,6 +82,8 @@ async def stream_text(session: aiohttp.ClientSession, url: str, model: str,
 
 async def run(url: str, sockets: int, header_timeout_s: float, model: str) -> dict:
     raise_fd_limit(sockets)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        base = await health_latencies(session, url, 20)  # the floor: no idle sockets yet
     socks = await open_idle(url, sockets)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         lat = await health_latencies(session, url, 20)
@@ -93,6 +94,8 @@ async def run(url: str, sockets: int, header_timeout_s: float, model: str) -> di
     return {"idle_sockets": sockets, "health_requests": len(lat),
             "health_ms": {"p50": round(statistics.median(lat) * 1e3, 2),
                           "max": round(max(lat) * 1e3, 2)},
+            "health_ms_without_idle_sockets": {"p50": round(statistics.median(base) * 1e3, 2),
+                                               "max": round(max(base) * 1e3, 2)},
             "stream_completed": done, "stream_text": text, "stream_s": round(stream_s, 3),
             "idle_closed_by_server": closed, "header_timeout_s": header_timeout_s}
 
@@ -110,12 +113,12 @@ def main(argv: list[str] | None = None) -> dict:
         result = asyncio.run(run(target.base_url, args.sockets, args.header_timeout, MODEL))
         result["backend_alive"] = target.alive
         result["log_error_lines"] = len(target.error_lines())
-    result["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    result["machine"] = machine()
+    write_result(args.json, result)
+    floor = result["health_ms_without_idle_sockets"]
     print(f"{args.sockets} idle sockets: /health p50 {result['health_ms']['p50']} ms, max "
-          f"{result['health_ms']['max']} ms; stream completed: {result['stream_completed']} "
+          f"{result['health_ms']['max']} ms (without them: p50 {floor['p50']} ms, max "
+          f"{floor['max']} ms); stream completed: {result['stream_completed']} "
           f"in {result['stream_s']} s; {result['idle_closed_by_server']}/{args.sockets} idle "
           f"sockets closed by the server after its {args.header_timeout:g} s header timeout")
     return result

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -21,7 +19,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from benchmarks.backend_target import MODEL, BackendTarget
+from benchmarks.backend_target import MODEL, BackendTarget, machine, write_result
 
 PROMPTS = ["Tell me a story about a lighthouse.", "What is the capital of France?",
            "List three colours.", "Explain paged attention in one sentence.",
@@ -161,8 +159,7 @@ async def _run(target: BackendTarget, args: argparse.Namespace) -> dict:
         "rss_growth_pct": round((final - base) / base * 100, 2),
         "log_error_lines": len(errors), "log_error_samples": errors[:10],
         "backend_alive": target.alive,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+        "machine": machine(),
     }
 
 
@@ -181,10 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
     with BackendTarget(log_path, max_num_seqs=args.concurrency) as target:
         result = asyncio.run(_run(target, args))
     result["backend_log"] = log_path
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_result(args.json, result)
     r = result["requests"]
     print(f"soak {args.duration:g} s at {args.concurrency} concurrent: {r['sent']} requests, "
           f"{r['completed']} completed, {r['aborted_by_client']} aborted by the client, "
