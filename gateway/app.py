@@ -8,8 +8,9 @@ import os
 import re
 import time
 import uuid
-from typing import AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -126,12 +127,33 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Ready unless shutting down. Providers with a ``health_path`` (a local backend) are
+    probed: one that is down makes the answer ``degraded`` (still 200: the gateway serves
+    every other provider, and the backend's restart brings it back)."""
     if request.app[state.LIFECYCLE].shutting_down:
         return web.json_response({"status": "shutting_down"}, status=503)
-    providers = {name: {"api_key": ("missing " + p.missing_env) if p.missing_env
-                        else ("set" if p.api_key else "none")}
-                 for name, p in request.app[state.ROUTER].providers.items()}
-    return web.json_response({"status": "ready", "providers": providers})
+    router = request.app[state.ROUTER]
+    probed = {name: p for name, p in router.providers.items() if p.config.health_path}
+    health = dict(zip(probed, await asyncio.gather(*(_probe(p) for p in probed.values()))))
+    providers = {}
+    for name, p in router.providers.items():
+        providers[name] = {"api_key": ("missing " + p.missing_env) if p.missing_env
+                           else ("set" if p.api_key else "none")}
+        if name in health:
+            providers[name]["health"] = health[name]
+    status = "degraded" if "down" in health.values() else "ready"
+    return web.json_response({"status": status, "providers": providers})
+
+
+async def _probe(provider: Any) -> str:
+    """``up`` when GET <root><health_path> answers 2xx within a second, else ``down``."""
+    url = provider.root + provider.config.health_path
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as s:
+            async with s.get(url) as r:
+                return "up" if 200 <= r.status < 300 else "down"
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return "down"
 
 
 async def metrics(request: web.Request) -> web.Response:

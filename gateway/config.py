@@ -62,6 +62,7 @@ class ProviderConfig(_Schema):
     max_retries: int = Field(2, ge=0)
     passthrough: bool = False                       # "<provider>/<any-model>" routes here
     transport: Transport = "fast"
+    health_path: str | None = Field(None, pattern=r"^/")  # GET root+path answers 2xx when up
 
     @field_validator("base_url")
     @classmethod
