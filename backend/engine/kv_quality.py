@@ -22,6 +22,7 @@ from backend.engine.sampling import SamplingParams
 
 EVAL_TEXT = Path(__file__).resolve().parent.parent / "data" / "kv_eval.txt"
 KV_DTYPES = ("auto", "int8", "fp8_e4m3")
+_DENSE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 PROMPTS = ("What is the capital of France?", "Write a short poem about the sea.",
            "Explain what a KV cache is in one paragraph.", "List three uses of copper.")
 
@@ -32,8 +33,9 @@ def _engines(source, kv_dtypes, dtype: str = "float32") -> dict[str, LLMEngine]:
     engines: dict[str, LLMEngine] = {}
     for kv in kv_dtypes:
         model = next(iter(engines.values())).runner.model if engines else None
+        # Dense weights in the model dtype: only the cache differs between the engines.
         cfg = EngineConfig(kv_cache_dtype=kv, kv_cache_memory_gib=0.25, dtype=dtype,
-                           max_model_len=2048)
+                           weights_dtype=_DENSE[dtype], max_model_len=2048)
         engines[kv] = LLMEngine(cfg, source, model=model)
     return engines
 

@@ -75,16 +75,20 @@ def load_gguf(path: str | Path, name: str | None = None, use_cache: bool = True)
 
 
 def _packed_source(path: Path) -> tuple[str | None, WeightIterator]:
-    """The file's native code form and a stream of its codes (read from the file on every
-    load: unpacking blocks costs about as much as reading a converted cache entry)."""
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:
-        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+    """The file's native code form and a stream of its codes, read from the file (already
+    open: parsing a GGUF's metadata costs seconds) on every load."""
+    reader = _open(path)
     is_linear = lambda n: n.startswith("blk.") and n.endswith(".weight") and (  # noqa: E731
         ".attn_" in n or ".ffn_" in n) and "norm" not in n
     quantization = native_format(reader.tensors, is_linear)
-    return quantization, lambda: convert_gguf(path, keep_codes=True)[2]()
+    return quantization, lambda: _convert(path, reader, read_metadata(reader), True)[1]()
+
+
+def _open(path: Path) -> GGUFReader:
+    try:
+        return GGUFReader(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
 
 
 def read_metadata(reader: GGUFReader) -> dict[str, Any]:
@@ -105,16 +109,18 @@ def convert_gguf(path: Path, keep_codes: bool = False
     """Config and tokenizer now; the tensors as a re-startable stream (one tensor in memory
     at a time, with a progress bar), so even a 7B file converts in little memory.
     ``keep_codes``: Q8_0/Q4_0/Q4_1 tensors come as their codes (GroupQuantized), not floats."""
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:
-        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+    reader = _open(path)
     meta = read_metadata(reader)
+    config, tensors = _convert(path, reader, meta, keep_codes)
+    return config, tokenizer_from_gguf(meta), tensors
+
+
+def _convert(path: Path, reader: GGUFReader, meta: dict[str, Any], keep_codes: bool
+             ) -> tuple[ModelConfig, WeightIterator]:
     tensor_names = {t.name for t in reader.tensors}
     rope_freqs = next((_dequantize(t) for t in reader.tensors if t.name == "rope_freqs.weight"),
                       None)
     config = config_from_gguf(meta, tensor_names, rope_freqs)
-    tokenizer = tokenizer_from_gguf(meta)
     # Map every name and probe every type now, so a file we cannot read fails the load with a
     # clear message, not the model's init halfway through the tensors.
     named = [(t, hf_tensor_name(t.name)) for t in reader.tensors if t.name not in _SKIPPED]
@@ -144,7 +150,7 @@ def convert_gguf(path: Path, keep_codes: bool = False
                 array = unpermute_qk(array, heads[proj])
             yield hf_name, _to_torch(array, _KEPT_DTYPES.get(t.tensor_type, quant_dtype))
 
-    return config, tokenizer, tensors
+    return config, tensors
 
 
 def _check_types(tensors: list[Any]) -> None:

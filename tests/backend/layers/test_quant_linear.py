@@ -127,6 +127,29 @@ def test_model_logits_match_a_dense_model_of_the_dequantised_weights(kind):
                                rtol=1e-4)
 
 
+@pytest.mark.parametrize("qtype,native", [(Q.Q4_0, "int4"), (Q.Q8_0, "int8")],
+                         ids=lambda v: getattr(v, "name", v))
+def test_gguf_auto_keeps_the_files_code_form(tmp_path, monkeypatch, qtype, native):
+    """Q4_0 -> int4 group 32 from the codes (exact up to float rounding); Q8_0 -> int8 (one
+    scale per row instead of per 32: re-quantised, close)."""
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path / "cache"))
+    path = write_llama_gguf(tmp_path / f"tiny-{qtype.name}.gguf", random_hf_tensors(seed=4),
+                            qtype)
+    source = load_gguf(path)
+    assert source.weight_quantization == native
+    tokens = list(range(5, 30))
+    dense = LLMEngine(EngineConfig(weights_dtype="fp32", dtype="float32",
+                                   kv_cache_memory_gib=0.01), source)
+    auto = LLMEngine(EngineConfig(dtype="float32", kv_cache_memory_gib=0.01), source)
+    assert auto.stats().weights_format == {"int4": "int4-g32", "int8": "int8"}[native]
+    a, d = auto.score(tokens), dense.score(tokens)
+    if native == "int4":
+        torch.testing.assert_close(a, d, atol=2e-4, rtol=1e-4)
+    else:
+        # random N(0, 0.5) weights amplify rounding; a wiring bug gives ~1
+        assert 0 < ((a - d).abs().mean() / d.abs().mean()).item() < 0.1
+
+
 def test_gguf_q4_1_served_from_its_codes(tmp_path, monkeypatch):
     """auto on a Q4_1 file: int4 group 32 from the file's codes, the same logits as the
     dequantised (float32 cache) path up to float rounding; int8 re-quantises them."""

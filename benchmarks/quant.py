@@ -6,7 +6,10 @@ weights), in one run:
 2. engine level: ``synthetic:llama-2-7b`` through LLMEngine with CUDA graphs, TPOT at batch 1
    and the decode step at batch 64, per ``--weights-dtype``.
 
-    python -m backend.layers.quant_bench --json out.json [--peak-gbs 4800] [--budget-s 200]
+    python -m benchmarks.quant --json out.json [--peak-gbs 4800] [--budget-s 200]
+
+``--cpu bf16,int8,auto,auto+int8`` instead times the formats in-process on the CPU (batch-1
+decode and a 512-token prefill), interleaved repetition by repetition.
 
 Parts that would start after ``--budget-s`` seconds are skipped and listed as such.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -134,13 +138,70 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def cpu_interleaved(model: str, specs: list[str], reps: int, tokens: int) -> dict:
+    """In-process, CPU: batch-1 decode tok/s and 512-token prefill seconds per weight format,
+    the formats interleaved repetition by repetition so that load from other jobs hits all
+    alike (medians and every sample)."""
+    from backend.weights.loader import load_model_source
+
+    source = load_model_source(model)
+    engines = {}
+    for spec in specs:
+        name, _, head = spec.partition("+")
+        engines[spec] = LLMEngine(EngineConfig(weights_dtype=name, lm_head_dtype=head or "model",
+                                               kv_cache_memory_gib=0.25, max_model_len=1024,
+                                               enable_prefix_caching=False), source)
+    samples = {spec: {"decode_tok_s": [], "prefill512_s": []} for spec in specs}
+    vocab = source.config.vocab_size
+    for r in range(reps):
+        for spec, engine in engines.items():
+            prompt = torch.randint(100, vocab, (512,), generator=torch.Generator().manual_seed(r))
+            t = time.perf_counter()
+            engine.generate([prompt.tolist()], SamplingParams(max_tokens=1))
+            samples[spec]["prefill512_s"].append(time.perf_counter() - t)
+            engine.add_request(f"d{r}", prompt[:16].tolist(),
+                               SamplingParams(max_tokens=tokens + 2, ignore_eos=True))
+            engine.step()
+            engine.step()
+            t = time.perf_counter()
+            for _ in range(tokens):
+                engine.step()
+            samples[spec]["decode_tok_s"].append(tokens / (time.perf_counter() - t))
+            while engine.has_unfinished():
+                engine.step()
+    out = {}
+    for spec, engine in engines.items():
+        st = engine.stats()
+        out[spec] = {"weights": st.weights_format, "kernel": st.linear_kernel,
+                     "lm_head": st.lm_head_format, **samples[spec],
+                     **{f"{k}_median": statistics.median(v) for k, v in samples[spec].items()}}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--peak-gbs", type=float, default=4800.0, help="HBM bandwidth, GB/s")
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--engine", default="bf16,int8,int4:32", help="weights dtypes to serve")
+    ap.add_argument("--cpu", default=None, metavar="SPECS",
+                    help="CPU mode instead: interleaved in-process decode/prefill of these "
+                         "formats, e.g. bf16,int8,auto,auto+int8")
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="CPU mode's model")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args(argv)
+    if args.cpu:
+        result = {"load_start": os.getloadavg(),
+                  "formats": cpu_interleaved(args.model, args.cpu.split(","), args.reps,
+                                             args.tokens),
+                  "load_end": os.getloadavg(), "threads": torch.get_num_threads()}
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+        for spec, r in result["formats"].items():
+            print(f"{spec:12} decode {r['decode_tok_s_median']:7.1f} tok/s  "
+                  f"prefill512 {r['prefill512_s_median']:6.3f} s  {r['kernel']}")
+        return
     start = time.perf_counter()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "peak_gbs": args.peak_gbs, "layers": layer_level(args.peak_gbs), "engine": {},
