@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import (ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError,
+                      ValidationInfo, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from backend.schema import Schema, dotted
@@ -58,9 +58,22 @@ class _Body(Schema):
     model_config = ConfigDict(strict=True)
 
 
-# Our own checks raise these; api_error() puts the field's dotted path in front.
-def _unsupported() -> PydanticCustomError:
-    return PydanticCustomError("unsupported", "is not supported")
+# Our own checks' messages: api_error() puts the field's dotted path in front.
+def _must_be_off(value: Any) -> Any:
+    if value:
+        raise PydanticCustomError("unsupported", "is not supported")
+    return value
+
+
+def _must_be_one(value: int) -> int:
+    if value != 1:
+        raise PydanticCustomError("unsupported", "must be 1 (one result per request), got {n}",
+                                  {"n": value})
+    return value
+
+
+Off = AfterValidator(_must_be_off)  # a feature not implemented: accepted only when off
+One = Annotated[int, AfterValidator(_must_be_one)]
 
 
 class TextPart(_Body):
@@ -116,8 +129,8 @@ class _Generation(_Body):
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     stop_token_ids: list[TokenId] = []
-    n: int = 1
-    logprobs: bool | int | None = None  # bool on chat, int on completions; only off works
+    n: One = 1
+    logprobs: Annotated[bool | int | None, Off] = None  # bool on chat, int on completions
     # Accepted and not applied: a client's defaults must not fail the request.
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
@@ -143,21 +156,6 @@ class _Generation(_Body):
         if "" in stops:
             raise PydanticCustomError("invalid_value", "must not hold an empty string")
         return tuple(stops)
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: int) -> int:
-        if value != 1:
-            raise PydanticCustomError("unsupported", "must be 1 (one choice per request), got "
-                                      "{n}", {"n": value})
-        return value
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: bool | int | None) -> bool | int | None:
-        if value:
-            raise _unsupported()
-        return value
 
     @field_validator("min_tokens")
     @classmethod
@@ -204,8 +202,8 @@ async def read_json(request: web.Request, timeout_s: float | None = None) -> dic
 class ChatRequest(_Generation):
     """POST /v1/chat/completions."""
     messages: list[Message] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None  # only an empty list works
-    functions: list[dict[str, Any]] | None = None  # the older spelling of tools; same
+    tools: Annotated[list[dict[str, Any]] | None, Off] = None
+    functions: Annotated[list[dict[str, Any]] | None, Off] = None  # the older tools
     # Accepted and not used: what the openai SDK passes through when a caller sets it.
     # Without tools there is nothing to choose; the rest are OpenAI-platform settings.
     tool_choice: str | dict[str, Any] | None = None
@@ -228,13 +226,6 @@ class ChatRequest(_Generation):
     web_search_options: dict[str, Any] | None = None
     moderation: dict[str, Any] | None = None
 
-    @field_validator("tools", "functions")
-    @classmethod
-    def _no_tools(cls, value: list | None, info: ValidationInfo) -> list | None:
-        if value:
-            raise _unsupported()
-        return value
-
     def to_request(self) -> GenerationRequest:
         return self._request("chat", prompt=None, prompt_token_ids=None,
                              messages=tuple(m.as_template_input() for m in self.messages))
@@ -243,9 +234,9 @@ class ChatRequest(_Generation):
 class CompletionRequest(_Generation):
     """POST /v1/completions (the legacy endpoint): one prompt, text or token ids."""
     prompt: str | list[int]
-    echo: bool = False  # only false works
-    suffix: str | None = None  # only empty works: no insertion mode
-    best_of: int = 1  # only 1 works
+    echo: Annotated[bool, Off] = False
+    suffix: Annotated[str | None, Off] = None  # no insertion mode
+    best_of: One = 1
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -257,21 +248,6 @@ class CompletionRequest(_Generation):
             return value
         raise PydanticCustomError("invalid_type", "must be a string or one array of token "
                                   "ids; batched prompts are not supported")
-
-    @field_validator("echo", "suffix")
-    @classmethod
-    def _off(cls, value: Any, info: ValidationInfo) -> Any:
-        if value:
-            raise _unsupported()
-        return value
-
-    @field_validator("best_of")
-    @classmethod
-    def _one_best(cls, value: int) -> int:
-        if value != 1:
-            raise PydanticCustomError("unsupported", "must be 1 (one candidate per request), "
-                                      "got {n}", {"n": value})
-        return value
 
     def to_request(self) -> GenerationRequest:
         text = self.prompt if isinstance(self.prompt, str) else None
