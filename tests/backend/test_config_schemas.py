@@ -1,14 +1,18 @@
-"""EngineConfig and ServerConfig: frozen pydantic models; a bad value or an unknown key is
-named by its dotted path; today's configs (defaults, the CLI's, the tests') still build."""
+"""EngineConfig, ServerConfig, SamplingParams, TokenizerMeta: frozen pydantic models; a bad
+value or an unknown key is named by its dotted path; today's configs still build."""
 from __future__ import annotations
+
+import json
 
 import pydantic
 import pytest
 
 from backend.cli import build_parser, config_from_args
 from backend.engine.config import EngineConfig
+from backend.engine.sampling import SamplingParams
 from backend.schema import describe
 from backend.server.config import ServerConfig
+from backend.tokenizer import TokenizerMeta
 
 
 def _error(data: dict) -> str:
@@ -61,3 +65,24 @@ def test_configs_are_frozen_and_copied_with_model_copy():
         update={"max_num_seqs": 4})})
     assert copy.engine.max_num_seqs == 4 and config.engine.max_num_seqs == 64
     assert hash(config.engine) == hash(EngineConfig())  # usable as a key
+
+
+@pytest.mark.parametrize("cls,data,expected", [
+    (SamplingParams, {"top_p": 1.5}, "top_p: Input should be less than or equal to 1"),
+    (SamplingParams, {"stop_token_ids": [1, "x"]}, "stop_token_ids.1: Input should be a valid"),
+    (SamplingParams, {"best_of": 2}, "unknown key 'best_of'"),
+    (TokenizerMeta, {"eos_token_ids": [2], "special_tokens": {"bos_token": 1}},
+     "special_tokens.bos_token: Input should be a valid string"),
+    (TokenizerMeta, {}, "eos_token_ids: Field required"),
+])
+def test_engine_side_schemas_name_the_dotted_path(cls, data, expected):
+    with pytest.raises(pydantic.ValidationError) as err:
+        cls.from_dict(data)
+    assert expected in describe(err.value)
+
+
+def test_engine_side_schemas_round_trip():
+    assert SamplingParams.from_dict({"stop_token_ids": [5, 6]}).stop_token_ids == (5, 6)
+    meta = TokenizerMeta(eos_token_ids=(2, 3), bos_token_id=1, chat_template="t",
+                         special_tokens={"bos_token": "<s>", "pad_token": None})
+    assert TokenizerMeta.from_dict(json.loads(json.dumps(meta.to_dict()))) == meta
