@@ -177,28 +177,6 @@ class _Generation(_Body):
             include_usage=options is not None and options.include_usage, **prompt)
 
 
-async def read_body(request: web.Request, timeout_s: float | None = None) -> bytes:
-    """The raw body, read within timeout_s (a client that stops sending gets a 408)."""
-    try:
-        return await asyncio.wait_for(request.read(), timeout_s)
-    except asyncio.TimeoutError:
-        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s",
-                       code="body_timeout") from None
-    except (web.HTTPException, ConnectionError):
-        raise  # 413 from the size limit (the middleware shapes it); a client gone mid-body
-    except Exception as exc:  # noqa: BLE001 - e.g. a Content-Encoding the body is not in
-        raise APIError(400, f"the request body could not be read ({type(exc).__name__}); "
-                       "check its Content-Encoding", code="invalid_body") from None
-
-
-async def read_json(request: web.Request, timeout_s: float | None = None) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 saying what is wrong with it."""
-    body = json_limits.loads(await read_body(request, timeout_s))
-    if not isinstance(body, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_json")
-    return body
-
-
 class ChatRequest(_Generation):
     """POST /v1/chat/completions."""
     messages: list[Message] = Field(min_length=1)
@@ -304,3 +282,25 @@ def parse_generation(body: dict, kind: Kind) -> GenerationRequest:
     except ValidationError as exc:
         raise api_error(exc) from None
     return parsed.to_request()
+
+
+async def read_body(request: web.Request, timeout_s: float | None = None) -> bytes:
+    """The raw body, read within timeout_s (a client that stops sending gets a 408)."""
+    try:
+        return await asyncio.wait_for(request.read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s",
+                       code="body_timeout") from None
+    except (web.HTTPException, ConnectionError):
+        raise  # 413 from the size limit (the middleware shapes it); a client gone mid-body
+    except Exception as exc:  # noqa: BLE001 - e.g. a Content-Encoding the body is not in
+        raise APIError(400, f"the request body could not be read ({type(exc).__name__}); "
+                       "check its Content-Encoding", code="invalid_body") from None
+
+
+async def read_json(request: web.Request, timeout_s: float | None = None) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying what is wrong with it."""
+    body = json_limits.loads(await read_body(request, timeout_s))
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_json")
+    return body
