@@ -7,7 +7,10 @@ import os
 import sys
 from typing import Sequence
 
+from pydantic import ValidationError
+
 from backend.engine.config import EngineConfig
+from backend.schema import describe
 from backend.server.config import DEFAULT_MODEL, PROFILE_TOKEN_ENV, ServerConfig
 
 
@@ -95,8 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(args)
-    except ValueError as exc:  # config validation: a usage error, not a traceback
-        parser.error(str(exc))
+    except ValidationError as exc:  # config validation: a usage error, not a traceback
+        parser.error(describe(exc))
     if config.enable_profiling and not os.environ.get(PROFILE_TOKEN_ENV):
         parser.error(f"--enable-profiling needs a bearer token in the env var "
                      f"{PROFILE_TOKEN_ENV}; refusing to start with an open profiling route")

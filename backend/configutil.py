@@ -1,10 +1,12 @@
-"""Frozen-dataclass configs from plain dicts: unknown keys are rejected by name."""
+"""Frozen-dataclass configs from plain dicts: unknown keys are rejected by name.
+
+Only the dataclasses of backend/weights still use this; every other backend schema is a
+pydantic model on backend/schema.py's base.
+"""
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Mapping, TypeVar
-
-T = TypeVar("T")
+from typing import Any, Mapping
 
 
 def check_keys(cls: type, data: Mapping[str, Any]) -> None:
@@ -13,9 +15,3 @@ def check_keys(cls: type, data: Mapping[str, Any]) -> None:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} keys: {', '.join(unknown)}")
-
-
-def dataclass_from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
-    """``cls(**data)`` after :func:`check_keys`."""
-    check_keys(cls, data)
-    return cls(**data)

@@ -7,7 +7,6 @@ little metadata (EOS/BOS ids, special token strings, chat template), so there is
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
@@ -20,7 +19,7 @@ from backend.chat_template import (
     compile_template,
     render_chat_template,
 )
-from backend.configutil import check_keys
+from backend.schema import Schema
 
 __all__ = ["Tokenizer", "IncrementalDetokenizer", "ChatTemplateMissing", "ChatTemplateError",
            "TokenizerMeta", "byte_level_tokenizer", "CHATML_TEMPLATE"]
@@ -36,15 +35,14 @@ CHATML_TEMPLATE = (
 )
 
 
-@dataclass(frozen=True)
-class TokenizerMeta:
+class TokenizerMeta(Schema):
     """What a `tokenizers.Tokenizer` does not carry itself."""
 
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None = None
     add_bos_token: bool = False  # whether the model was trained with BOS before raw prompts
     chat_template: str | None = None
-    special_tokens: dict[str, str | None] = field(default_factory=dict)  # bos_token, eos_token...
+    special_tokens: dict[str, str | None] = {}  # bos_token, eos_token...
 
     def to_dict(self) -> dict:
         return {"eos_token_ids": list(self.eos_token_ids), "bos_token_id": self.bos_token_id,
@@ -53,11 +51,7 @@ class TokenizerMeta:
 
     @classmethod
     def from_dict(cls, d: dict) -> TokenizerMeta:
-        check_keys(cls, d)
-        return cls(eos_token_ids=tuple(d["eos_token_ids"]), bos_token_id=d.get("bos_token_id"),
-                   add_bos_token=bool(d.get("add_bos_token", False)),
-                   chat_template=d.get("chat_template"),
-                   special_tokens=dict(d.get("special_tokens") or {}))
+        return cls.model_validate(d)
 
 
 class IncrementalDetokenizer:

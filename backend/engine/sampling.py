@@ -1,36 +1,22 @@
 """Per-request sampling parameters (the engine enforces all of them except stop strings)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from backend.configutil import dataclass_from_dict
+from pydantic import Field
+
+from backend.schema import Schema
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0  # (0, 1]
-    top_k: int = 0  # 0 = off
+class SamplingParams(Schema):
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0.0)  # 0 = greedy
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)  # 0 = off
     seed: int | None = None  # per-request torch.Generator -> reproducible sampling
-    min_tokens: int = 0  # EOS and stop ids are masked until this many tokens exist
+    min_tokens: int = Field(0, ge=0)  # EOS and stop ids are masked until this many tokens exist
     ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
-        # Lists from JSON become tuples so the dataclass stays hashable and immutable.
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+    stop_token_ids: tuple[int, ...] = ()  # a JSON list becomes a tuple: immutable, hashable
 
     @property
     def greedy(self) -> bool:
@@ -38,4 +24,4 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SamplingParams":
-        return dataclass_from_dict(cls, data)
+        return cls.model_validate(data)

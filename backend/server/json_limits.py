@@ -59,7 +59,7 @@ def loads(raw: bytes) -> Any:
     try:
         value = json.loads(raw, parse_int=_int, parse_constant=_NonFinite)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json")
+        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     check(value)
     return value
 

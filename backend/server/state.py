@@ -111,10 +111,12 @@ class BackendState:
         if req.min_tokens > max_tokens:
             raise bad_request(f"'min_tokens' ({req.min_tokens}) exceeds max_tokens "
                               f"({max_tokens})", param="min_tokens")
-        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
-                                top_p=req.top_p, top_k=req.top_k, seed=req.seed,
-                                min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
-                                stop_token_ids=req.stop_token_ids)
+        # The request schema checked every field (protocol.py) and max_tokens is within the
+        # context here: constructed without a second validation.
+        params = SamplingParams.model_construct(
+            max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+            top_k=req.top_k, seed=req.seed, min_tokens=req.min_tokens,
+            ignore_eos=req.ignore_eos, stop_token_ids=req.stop_token_ids)
         self.engine.check_request(prompt_len, params)  # RequestRejected -> 400 (middleware)
         return params
 

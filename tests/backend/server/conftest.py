@@ -22,7 +22,7 @@ def _tiny_source(chat_template: bool = True) -> object:
     if not chat_template:
         tok = source.tokenizer
         source = dataclasses.replace(source, name="tiny-no-template", tokenizer=Tokenizer(
-            tok.backend, dataclasses.replace(tok.meta, chat_template=None)))
+            tok.backend, tok.meta.model_copy(update={"chat_template": None})))
     return source
 
 
