@@ -240,7 +240,7 @@ def bench_engine(attention: str, long_context: bool) -> dict:
     if long_context:
         # Llama-2's preset stops at 4k positions; the cost under test does not depend on
         # them, so the same shapes with a longer RoPE table
-        cfg = dataclasses.replace(source.config, max_position_embeddings=32768)
+        cfg = source.config.model_copy(update={"max_position_embeddings": 32768})
         long = LLMEngine(EngineConfig(max_model_len=32768, max_num_seqs=32, **common),
                          dataclasses.replace(source, config=cfg))
         res["step_ms_batch32_ctx512_max_len_32k"] = _decode_ms(long, 32, 480, 64, 3)

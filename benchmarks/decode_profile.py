@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.num_layers is not None:
         if source.weights is not None:
             raise SystemExit("--num-layers works on synthetic models only")
-        source = dataclasses.replace(source, config=dataclasses.replace(
-            source.config, num_hidden_layers=a.num_layers))
+        source = dataclasses.replace(source, config=source.config.model_copy(
+            update={"num_hidden_layers": a.num_layers}))
     last = _LastStep()
     config = EngineConfig(device=a.device, dtype=a.dtype, max_num_seqs=max(a.batch),
                           max_num_batched_tokens=max(2048, a.prompt_tokens),

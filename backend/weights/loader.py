@@ -9,60 +9,35 @@ Accepted forms (checked in this order):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from backend.tokenizer import Tokenizer, byte_level_tokenizer
-from backend.weights.config import ModelConfig
+from backend.tokenizer import byte_level_tokenizer
+from backend.weights import embedded
+from backend.weights.gguf_loader import load_gguf
+from backend.weights.hf_loader import load_hf_dir
 from backend.weights.presets import preset_config
+from backend.weights.source import ModelLoadError, ModelSource, WeightIterator
 
-WeightIterator = Callable[[], Iterator[tuple[str, torch.Tensor]]]
+__all__ = ["ModelLoadError", "ModelSource", "WeightIterator", "load_model_source",
+           "synthetic_source"]
 
 SYNTHETIC_PREFIX = "synthetic:"
 
 
-class ModelLoadError(ValueError):
-    """The model named on the command line cannot be found or read; the message says why."""
-
-
-@dataclass
-class ModelSource:
-    name: str            # the model id /v1/models shows
-    config: ModelConfig
-    tokenizer: Tokenizer
-    # HF tensor names, CPU tensors, q/k in HF layout. None = synthetic: keep the random init.
-    weights: WeightIterator | None
-    # A quantised file's own codes (GroupQuantized for its Q8_0/Q4_0/Q4_1 tensors, tensors
-    # for the rest), read straight from the file; what `--weights-dtype int8|int4|auto` loads.
-    packed_weights: WeightIterator | None = None
-    # "int4" / "int8" when most of the file's linear weights are in such a code form (what
-    # `--weights-dtype auto` keeps), else None.
-    weight_quantization: str | None = None
-
-
 def load_model_source(name_or_path: str) -> ModelSource:
     """Resolve a model name or path (see the module docstring) into a ModelSource."""
-    from backend.weights import embedded  # local: keeps this module light to import
-
     if name_or_path.startswith(SYNTHETIC_PREFIX):
         return synthetic_source(name_or_path[len(SYNTHETIC_PREFIX):])
     if name_or_path == embedded.EMBEDDED_NAME:
-        from backend.weights.gguf_loader import load_gguf
         return load_gguf(embedded.find_or_fetch(), name=embedded.EMBEDDED_NAME)
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        from backend.weights.gguf_loader import load_gguf
         return load_gguf(path, name=path.stem)
     if path.is_dir() and (path / "config.json").is_file():
-        from backend.weights.hf_loader import load_hf_dir
         return load_hf_dir(path)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            from backend.weights.gguf_loader import load_gguf
             return load_gguf(ggufs[0], name=ggufs[0].stem)
     raise ModelLoadError(
         f"cannot load model {name_or_path!r}: expected 'synthetic:<preset>', "

@@ -75,9 +75,9 @@ def test_qwen2_and_mistral():
 
 
 def test_errors_name_the_problem():
-    with pytest.raises(ValueError, match="unknown ModelConfig keys: bogus"):
+    with pytest.raises(ValueError, match="ModelConfig: unknown key .bogus."):
         ModelConfig.from_dict({**PRESETS["tiny"].to_dict(), "bogus": 1})
-    with pytest.raises(ValueError, match="missing ModelConfig keys: vocab_size"):
+    with pytest.raises(ValueError, match="vocab_size: Field required"):
         ModelConfig.from_dict({k: v for k, v in PRESETS["tiny"].to_dict().items()
                                if k != "vocab_size"})
     with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
