@@ -25,6 +25,7 @@ import dataclasses
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -50,7 +51,7 @@ def copy_bandwidth(gib: float = 4.0) -> float:
     n = int(gib * 2**30)
     src = torch.empty(n, dtype=torch.uint8, device=DEV)
     dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300)
+    ms = triton.testing.do_bench(partial(dst.copy_, src), warmup=50, rep=300)
     del src, dst
     return 2 * n / (ms * 1e-3)
 
@@ -104,8 +105,8 @@ def bench_decode(batches: list[int], contexts: list[int], kinds: list[str],
                 elem = cache.element_size()
                 read = batch * ctx * 2 * KVH * (HD * elem + (4 if scales is not None else 0))
                 for i, cfg in enumerate(_decode_configs(batch, ctx, splits, sweep)):
-                    fn = lambda: triton_attention.paged_decode(  # noqa: E731
-                        q, cache, scales, tables, lens, out, HD ** -0.5, BS, kind, **cfg)
+                    fn = partial(triton_attention.paged_decode,
+                                 q, cache, scales, tables, lens, out, HD ** -0.5, BS, kind, **cfg)
                     ms = triton.testing.do_bench(fn, warmup=10, rep=50)
                     row = {"kv": kind, "batch": batch, "context": ctx, "default": i == 0,
                            **cfg, "us": ms * 1e3, "kv_bytes": read,
@@ -142,8 +143,8 @@ def bench_prefill(shapes: list[tuple[int, int]], sweep: bool) -> list[dict]:
                         for bm, bn, w, s in ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2),
                                              (64, 64, 4, 3), (128, 32, 4, 2), (64, 128, 4, 2))]
         for cfg in configs:
-            fn = lambda: triton_attention.paged_prefill(  # noqa: E731
-                q, cache, None, tables, ctx, starts, n, out, HD ** -0.5, BS, "auto", **cfg)
+            fn = partial(triton_attention.paged_prefill,
+                         q, cache, None, tables, ctx, starts, n, out, HD ** -0.5, BS, "auto", **cfg)
             ms = triton.testing.do_bench(fn, warmup=20, rep=100)
             rows.append({"impl": "triton_paged", "seqs": nseq, "tokens": n, **cfg,
                          "us": ms * 1e3, "tflop_s": flops / (ms * 1e-3) / 1e12})
@@ -152,7 +153,7 @@ def bench_prefill(shapes: list[tuple[int, int]], sweep: bool) -> list[dict]:
         kc, vc = torch.randn_like(qc), torch.randn_like(qc)
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             ms = triton.testing.do_bench(
-                lambda: F.scaled_dot_product_attention(qc, kc, vc, is_causal=True),
+                partial(F.scaled_dot_product_attention, qc, kc, vc, is_causal=True),
                 warmup=20, rep=100)
         rows.append({"impl": "sdpa_flash", "seqs": nseq, "tokens": n, "us": ms * 1e3,
                      "tflop_s": flops / (ms * 1e-3) / 1e12})

@@ -21,10 +21,10 @@ import json
 import os
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
@@ -83,7 +83,7 @@ def layer_level(peak_gbs: float) -> list[dict]:
             for fmt_name, layer in layers.items():
                 ref = x.float() @ layer.dequantized().t()
                 err = ((layer(x).float() - ref).abs().max() / ref.abs().max()).item()
-                us = _time_us(lambda: layer(x))
+                us = _time_us(partial(layer, x))
                 nbytes = _weight_bytes(layer)
                 rows.append({"shape": name, "N": N, "K": K, "M": M, "format": fmt_name,
                              "kernel": layer.kernel, "us": round(us, 2),

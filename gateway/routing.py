@@ -69,9 +69,9 @@ class DeploymentStats:
     their first token, and its ejection state."""
 
     def __init__(self, percentile: float = 99.0,
-                 ejection: EjectionConfig = EjectionConfig()) -> None:
+                 ejection: EjectionConfig | None = None) -> None:
         self.percentile = percentile
-        self.ejection = ejection
+        self.ejection = ejection or EjectionConfig()
         self.on_ejection: Callable[[bool], None] | None = None  # called with True / False
         self.levels: dict[int, _Level] = {}
         self.mean_ttft: float | None = None

@@ -155,7 +155,7 @@ async def _attempt(pool: Transport, dep: Deployment, endpoint: str,
                                         "headers in time.")) from None
     except UpstreamError as exc:  # refused, reset, closed before headers, DNS, TLS ...
         raise _Retryable(BadGateway(f"Provider {dep.provider.name!r} is unreachable "
-                                    f"({exc}).", code="upstream_unreachable"))
+                                    f"({exc}).", code="upstream_unreachable")) from None
     rec.t_headers_ns = time.perf_counter_ns()
     if resp.status != 200:
         await _classify(resp, dep)

@@ -83,7 +83,7 @@ def chart_throughput(rows: list[dict], path: str) -> str:
         ax.text(0.5, 0.04, "GPU-Util and SM activity: unavailable (no NVIDIA GPU / NVML)",
                 transform=ax.transAxes, ha="center", fontsize=8, color="gray")
     lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax.legend(lines, [str(getattr(h, "get_label")()) for h in lines], loc="upper left")
+    ax.legend(lines, [str(h.get_label()) for h in lines], loc="upper left")
     fig.tight_layout()
     return _save(fig, path)
 

@@ -274,7 +274,7 @@ class Int4Linear(_QuantizedLinear):
             self.kernel = "triton-int4" if quant_kernels.AVAILABLE else "dequant+F.linear"
 
     def dequantized(self) -> torch.Tensor:
-        N, K, G = self.out_features, self.in_features, self.group_size
+        K, G = self.in_features, self.group_size
         if self.device.type == "cpu":
             # Read back through the kernel itself: W.T = mm(I, packed) (exact for one-hot rows).
             eye = torch.eye(K, dtype=self.dtype)

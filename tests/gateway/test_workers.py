@@ -3,6 +3,7 @@ all workers, the shared request log has whole lines, a killed worker is restarte
 drains an open stream."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -91,8 +92,9 @@ def _worker_pids(proc: asyncio.subprocess.Process) -> set[int]:
 
 def test_worker_count():
     assert worker_count("3") == 3 and worker_count("auto") >= 1
-    with pytest.raises(Exception):
-        worker_count("0")
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive integer or 'auto'"):
+            worker_count(bad)
 
 
 async def test_two_workers_serve_and_metrics_add_up(workers, fake):

@@ -6,7 +6,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
