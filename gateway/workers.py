@@ -43,6 +43,15 @@ from prometheus_client.multiprocess import mark_process_dead
 from gateway.metrics import MULTIPROC_ENV
 
 log = logging.getLogger("gateway.workers")
+_STDOUT = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """One whole line to stdout: the supervisor's own line and the workers' passed-on lines
+    come from different threads, and print() writes the text and its newline separately."""
+    with _STDOUT:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 CRASH_LOOP_SECONDS = 1.0
 READY_TIMEOUT_SECONDS = 60.0
 
@@ -129,8 +138,7 @@ class Supervisor:
             if not worker.ready.is_set() and line.startswith("listening "):
                 worker.ready.set()
             else:
-                sys.stdout.write(line)
-                sys.stdout.flush()
+                _say(line)
 
     # ---- run ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -142,7 +150,7 @@ class Supervisor:
             self.workers = [self._spawn(i) for i in range(self.n)]
             if not self._wait_ready():
                 return 1
-            print(f"listening http://{self.host}:{self.port}", flush=True)
+            _say(f"listening http://{self.host}:{self.port}\n")
             log.info("gateway listening on http://%s:%d with %d workers", self.host,
                      self.port, self.n)
             while not self._stop.wait(0.2):
