@@ -13,8 +13,6 @@ from pathlib import Path
 
 from backend.tokenizer import byte_level_tokenizer
 from backend.weights import embedded
-from backend.weights.gguf_loader import load_gguf
-from backend.weights.hf_loader import load_hf_dir
 from backend.weights.presets import preset_config
 from backend.weights.source import ModelLoadError, ModelSource, WeightIterator
 
@@ -28,20 +26,31 @@ def load_model_source(name_or_path: str) -> ModelSource:
     """Resolve a model name or path (see the module docstring) into a ModelSource."""
     if name_or_path.startswith(SYNTHETIC_PREFIX):
         return synthetic_source(name_or_path[len(SYNTHETIC_PREFIX):])
-    if name_or_path == embedded.EMBEDDED_NAME:
-        return load_gguf(embedded.find_or_fetch(), name=embedded.EMBEDDED_NAME)
     path = Path(name_or_path).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return load_gguf(path, name=path.stem)
-    if path.is_dir() and (path / "config.json").is_file():
+    gguf: Path | None = None
+    if name_or_path == embedded.EMBEDDED_NAME:
+        gguf = embedded.find_or_fetch()
+    elif path.is_file() and path.suffix == ".gguf":
+        gguf = path
+    elif path.is_dir() and (path / "config.json").is_file():
+        from backend.weights.hf_loader import load_hf_dir  # tokenizers/safetensors: only here
         return load_hf_dir(path)
-    if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return load_gguf(ggufs[0], name=ggufs[0].stem)
+    elif path.is_dir():
+        gguf = _single_gguf(path)
+    if gguf is not None:
+        # The gguf package is needed only to read a GGUF file: a machine serving synthetic or
+        # Hugging Face models need not have it.
+        from backend.weights.gguf_loader import load_gguf
+        name = embedded.EMBEDDED_NAME if name_or_path == embedded.EMBEDDED_NAME else gguf.stem
+        return load_gguf(gguf, name=name)
     raise ModelLoadError(
         f"cannot load model {name_or_path!r}: expected 'synthetic:<preset>', "
         f"'{embedded.EMBEDDED_NAME}', a .gguf file, or a Hugging Face directory with config.json")
+
+
+def _single_gguf(directory: Path) -> Path | None:
+    ggufs = sorted(directory.glob("*.gguf"))
+    return ggufs[0] if len(ggufs) == 1 else None
 
 
 def synthetic_source(preset: str) -> ModelSource:
