@@ -134,7 +134,11 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response({"status": "shutting_down"}, status=503)
     router = request.app[state.ROUTER]
     probed = {name: p for name, p in router.providers.items() if p.config.health_path}
-    health = dict(zip(probed, await asyncio.gather(*(_probe(p) for p in probed.values()))))
+    health: dict[str, str] = {}
+    if probed:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
+            states = await asyncio.gather(*(_probe(session, p) for p in probed.values()))
+        health = dict(zip(probed, states))
     providers = {}
     for name, p in router.providers.items():
         providers[name] = {"api_key": ("missing " + p.missing_env) if p.missing_env
@@ -145,13 +149,12 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": status, "providers": providers})
 
 
-async def _probe(provider: Any) -> str:
-    """``up`` when GET <root><health_path> answers 2xx within a second, else ``down``."""
+async def _probe(session: aiohttp.ClientSession, provider: Any) -> str:
+    """``up`` when GET <root><health_path> answers 2xx within the session's 1 s, else ``down``."""
     url = provider.root + provider.config.health_path
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as s:
-            async with s.get(url) as r:
-                return "up" if 200 <= r.status < 300 else "down"
+        async with session.get(url) as r:
+            return "up" if 200 <= r.status < 300 else "down"
     except (aiohttp.ClientError, OSError, TimeoutError):
         return "down"
 

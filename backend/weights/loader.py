@@ -28,20 +28,21 @@ def load_model_source(name_or_path: str) -> ModelSource:
         return synthetic_source(name_or_path[len(SYNTHETIC_PREFIX):])
     path = Path(name_or_path).expanduser()
     gguf: Path | None = None
+    name = name_or_path
     if name_or_path == embedded.EMBEDDED_NAME:
         gguf = embedded.find_or_fetch()
     elif path.is_file() and path.suffix == ".gguf":
-        gguf = path
+        gguf, name = path, path.stem
     elif path.is_dir() and (path / "config.json").is_file():
         from backend.weights.hf_loader import load_hf_dir  # tokenizers/safetensors: only here
         return load_hf_dir(path)
     elif path.is_dir():
         gguf = _single_gguf(path)
+        name = gguf.stem if gguf is not None else name
     if gguf is not None:
         # The gguf package is needed only to read a GGUF file: a machine serving synthetic or
         # Hugging Face models need not have it.
         from backend.weights.gguf_loader import load_gguf
-        name = embedded.EMBEDDED_NAME if name_or_path == embedded.EMBEDDED_NAME else gguf.stem
         return load_gguf(gguf, name=name)
     raise ModelLoadError(
         f"cannot load model {name_or_path!r}: expected 'synthetic:<preset>', "
