@@ -54,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="turn off prefix caching over full KV blocks")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="capture decode steps in CUDA graphs (no-op on CPU)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the work between attention calls (default: on CUDA only)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="prepare step N+1 while the GPU runs step N (default: on CUDA only)")
+    p.add_argument("--max-prefill-tokens", type=int, default=None,
+                   help="prefill tokens one step may carry (default: --max-num-batched-tokens)")
+    p.add_argument("--prefill-priority", action="store_true",
+                   help="prefill waiting prompts before the running decodes' next token")
     p.add_argument("--nvtx", action="store_true", help="emit NVTX ranges")
     p.add_argument("--nvtx-prefix", default="infer", help="prefix of NVTX range names")
     p.add_argument("--enable-profiling", action="store_true",
@@ -82,7 +90,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         lm_head_dtype=args.lm_head_dtype,
         kv_cache_memory_gib=args.kv_cache_memory, block_size=args.block_size,
         cuda_graph=args.cuda_graph, nvtx=args.nvtx, nvtx_prefix=args.nvtx_prefix,
-        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching)
+        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
+        compile=args.compile, async_scheduling=args.async_scheduling,
+        max_prefill_tokens=args.max_prefill_tokens, prefill_priority=args.prefill_priority)
     return ServerConfig(model=args.model, host=args.host, port=args.port,
                         served_model_name=args.served_model_name, engine=engine,
                         enable_profiling=args.enable_profiling, profile_dir=args.profile_dir,

@@ -40,6 +40,14 @@ class EngineConfig(Schema):
     nvtx_prefix: str = "infer"
     max_model_len: int | None = Field(None, ge=1)  # None = the model's max_position_embeddings
     enable_prefix_caching: bool = True
+    # torch.compile of the work between attention calls; None = on for CUDA, off on CPU
+    compile: bool | None = None
+    # prepare and launch step N+1 while the GPU runs step N; None = on for CUDA, off on CPU
+    async_scheduling: bool | None = None
+    # prefill tokens one step may carry (None = the whole max_num_batched_tokens budget)
+    max_prefill_tokens: int | None = Field(None, ge=1)
+    # waiting prompts are prefilled before the running decodes get their next token
+    prefill_priority: bool = False
 
     @field_validator(*_CHOICES)
     @classmethod
