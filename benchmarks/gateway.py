@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +95,16 @@ def _client(url: str, model: str, c: int, n: int, warmup: int,
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _gateway(upstream: str, tmp: Path, cpus: set[int] | None = None,
+def _gateway(upstream: str | list[str], tmp: Path, cpus: set[int] | None = None,
              workers: int = 1) -> tuple[subprocess.Popen, str]:
+    """The gateway in front of one fake upstream, or of several as deployments of one
+    model (least in-flight spreads the streams over them)."""
+    ups = [upstream] if isinstance(upstream, str) else upstream
     cfg = {"keys": [{"name": "bench", "env": "BENCH_GATEWAY_KEY"}],
-           "providers": {"fake": {"base_url": upstream + "/v1", "max_retries": 0}},
-           "models": {"timed": {"provider": "fake", "model": "timed"}},
+           "providers": {f"fake{i}": {"base_url": u + "/v1", "max_retries": 0}
+                         for i, u in enumerate(ups)},
+           "models": {"timed": {"deployments": [{"provider": f"fake{i}", "model": "timed"}
+                                                for i in range(len(ups))]}},
            "request_log": str(tmp / "gateway-requests.jsonl")}
     path = tmp / "gateway.yaml"
     path.write_text(json.dumps(cfg))
@@ -239,23 +245,50 @@ def _tree_cpu_s(pid: int) -> float:
     return total
 
 
+def _split_cpus(n: int) -> tuple[set[int], set[int]]:
+    """The first n usable CPUs for the gateway, the rest for the load (clients, fakes)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) <= n:
+        raise SystemExit(f"--workers-pin needs more than {n} CPUs; this machine has {len(cpus)}")
+    return set(cpus[:n]), set(cpus[n:])
+
+
+def _clients(k: int, url: str, c: int, n: int, cpus: set[int] | None) -> dict[str, Any]:
+    """k client processes at once, c/k streams and n/k requests each; streams/s summed
+    (one Python client tops out near 100,000 events/s and would be the limit itself)."""
+    if k == 1:
+        return _client(url, "timed", c, n, 0, cpus=cpus)
+    with ThreadPoolExecutor(k) as pool:
+        parts = list(pool.map(lambda _: _client(url, "timed", c // k, n // k, 0, cpus=cpus),
+                              range(k)))
+    errors: dict[str, int] = {}
+    for r in parts:
+        for e, count in r["errors"].items():
+            errors[e] = errors.get(e, 0) + count
+    return {"req_per_s": round(sum(r["req_per_s"] for r in parts), 2), "errors": errors,
+            "per_process_req_per_s": [r["req_per_s"] for r in parts]}
+
+
 def phase_workers(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """1 vs 2 gateway workers in one run: relayed content events/s at full speed (TTFT 0,
     ITL 0, 64 tokens, ``--workers-throughput-c`` streams), then client-observed TTFT at each
     ``--concurrency`` through each gateway and direct (added TTFT = gateway - direct)."""
     counts = [int(x) for x in a.workers_compare.split(",")]
     throughput, runs = [], []
-    fast, fast_up = _fake(a, 0, 0)
+    gw_cpus, load_cpus = _split_cpus(max(counts)) if a.workers_pin else (None, None)
+    k = a.workers_load_procs
+    fakes = [_fake(a, 0, 0, load_cpus) for _ in range(k)]
     try:
         for w in counts:
-            gw, url = _gateway(fast_up, tmp, workers=w)
+            gw, url = _gateway([u for _, u in fakes], tmp, gw_cpus, workers=w)
             try:
                 _client(url + "/v1/chat/completions", "timed", 50, 200, 0)  # warm up
                 cpu0 = _tree_cpu_s(gw.pid)
-                r = _client(url + "/v1/chat/completions", "timed", a.workers_throughput_c,
-                            a.workers_throughput_n, 0)
+                r = _clients(k, url + "/v1/chat/completions", a.workers_throughput_c,
+                             a.workers_throughput_n, load_cpus)
                 r.update(workers=w, content_events_per_s=round(r["req_per_s"] * 64),
-                         gateway_cpu_s=round(_tree_cpu_s(gw.pid) - cpu0, 2))
+                         gateway_cpu_s=round(_tree_cpu_s(gw.pid) - cpu0, 2),
+                         load_procs=k, gateway_cpus=sorted(gw_cpus or []))
                 throughput.append(r)
                 print(f"[workers] {w} worker(s): {r['content_events_per_s']} content events/s "
                       f"({r['req_per_s']} streams/s), gateway CPU {r['gateway_cpu_s']} s, "
@@ -263,16 +296,17 @@ def phase_workers(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             finally:
                 stop_process(gw)
     finally:
-        stop_process(fast)
-    fake, up = _fake(a, a.ttft_ms, a.itl_ms)
-    gateways = {w: _gateway(up, tmp, workers=w) for w in counts}
+        for p, _ in fakes:
+            stop_process(p)
+    fake, up = _fake(a, a.ttft_ms, a.itl_ms, load_cpus)
+    gateways = {w: _gateway(up, tmp, gw_cpus, workers=w) for w in counts}
     try:
         for c in [int(x) for x in a.concurrency.split(",")]:
             n = max(c * a.rounds, a.min_requests)
             targets = [("direct", up)] + [(f"gateway-{w}w", g[1]) for w, g in gateways.items()]
             for name, base in targets:
                 r = _client(base + "/v1/chat/completions", "timed", c, n, max(c, 20),
-                            spread_s=(a.ttft_ms + 63 * a.itl_ms) / 1000)
+                            spread_s=(a.ttft_ms + 63 * a.itl_ms) / 1000, cpus=load_cpus)
                 r.update(target=name, loadavg=os.getloadavg())
                 runs.append(r)
                 print(f"[workers] c={c} {name}: ttft p50 {r['ttft']['p50_ms']} p99 "
@@ -412,6 +446,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="worker counts the 'workers' phase compares")
     r.add_argument("--workers-throughput-c", type=int, default=100)
     r.add_argument("--workers-throughput-n", type=int, default=3000)
+    r.add_argument("--workers-load-procs", type=int, default=1,
+                   help="client processes and fake upstreams (deployments) driving the "
+                        "events/s measurement of the 'workers' phase")
+    r.add_argument("--workers-pin", action="store_true",
+                   help="'workers' phase: the gateway on the first max(--workers-compare) "
+                        "CPUs, clients and fakes on the rest")
     r.add_argument("--open-streams", type=int, default=1000)
     r.add_argument("--growth-requests", type=int, default=100_000)
     r.add_argument("--growth-tokens", type=int, default=16)
