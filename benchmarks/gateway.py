@@ -253,20 +253,29 @@ def _split_cpus(n: int) -> tuple[set[int], set[int]]:
     return set(cpus[:n]), set(cpus[n:])
 
 
-def _clients(k: int, url: str, c: int, n: int, cpus: set[int] | None) -> dict[str, Any]:
-    """k client processes at once, c/k streams and n/k requests each; streams/s summed
-    (one Python client tops out near 100,000 events/s and would be the limit itself)."""
+def _clients(urls: list[str], c: int, n: int, cpus: set[int] | None, tmp: Path,
+             warmup: int = 0, spread_s: float = 0.0) -> dict[str, Any]:
+    """One client process per URL at once, c/k streams and n/k requests each; streams/s
+    summed and TTFT/E2E percentiles from the merged raw samples (one Python client tops out
+    near 100,000 events/s and would be the limit itself)."""
+    k = len(urls)
     if k == 1:
-        return _client(url, "timed", c, n, 0, cpus=cpus)
+        return _client(urls[0], "timed", c, n, warmup, spread_s=spread_s, cpus=cpus)
+    paths = [str(tmp / f"client-samples-{i}.jsonl") for i in range(k)]
     with ThreadPoolExecutor(k) as pool:
-        parts = list(pool.map(lambda _: _client(url, "timed", c // k, n // k, 0, cpus=cpus),
-                              range(k)))
+        parts = list(pool.map(lambda i: _client(urls[i], "timed", c // k, n // k, warmup // k,
+                                                spread_s=spread_s, cpus=cpus,
+                                                samples=paths[i]), range(k)))
     errors: dict[str, int] = {}
     for r in parts:
         for e, count in r["errors"].items():
             errors[e] = errors.get(e, 0) + count
-    return {"req_per_s": round(sum(r["req_per_s"] for r in parts), 2), "errors": errors,
-            "per_process_req_per_s": [r["req_per_s"] for r in parts]}
+    rows = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines()]
+    return {"concurrency": c, "requests": n, "req_per_s": round(sum(r["req_per_s"] for r in parts), 2),
+            "errors": errors, "client_procs": k,
+            "per_process_req_per_s": [r["req_per_s"] for r in parts],
+            "ttft": summary([(r["t_first"] - r["t0"]) / 1e9 for r in rows]),
+            "e2e": summary([(r["t_end"] - r["t0"]) / 1e9 for r in rows])}
 
 
 def phase_workers(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -284,8 +293,8 @@ def phase_workers(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             try:
                 _client(url + "/v1/chat/completions", "timed", 50, 200, 0)  # warm up
                 cpu0 = _tree_cpu_s(gw.pid)
-                r = _clients(k, url + "/v1/chat/completions", a.workers_throughput_c,
-                             a.workers_throughput_n, load_cpus)
+                r = _clients([url + "/v1/chat/completions"] * k, a.workers_throughput_c,
+                             a.workers_throughput_n, load_cpus, tmp)
                 r.update(workers=w, content_events_per_s=round(r["req_per_s"] * 64),
                          gateway_cpu_s=round(_tree_cpu_s(gw.pid) - cpu0, 2),
                          load_procs=k, gateway_cpus=sorted(gw_cpus or []))
@@ -298,15 +307,19 @@ def phase_workers(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     finally:
         for p, _ in fakes:
             stop_process(p)
-    fake, up = _fake(a, a.ttft_ms, a.itl_ms, load_cpus)
-    gateways = {w: _gateway(up, tmp, gw_cpus, workers=w) for w in counts}
+    # Timed streams: with k > 1 the direct run sends each client to its own fake and the
+    # gateways spread theirs over the same k fakes (one fake at 500 streams is loaded itself).
+    timed = [_fake(a, a.ttft_ms, a.itl_ms, load_cpus) for _ in range(k)]
+    ups = [u for _, u in timed]
+    gateways = {w: _gateway(ups, tmp, gw_cpus, workers=w) for w in counts}
     try:
         for c in [int(x) for x in a.concurrency.split(",")]:
             n = max(c * a.rounds, a.min_requests)
-            targets = [("direct", up)] + [(f"gateway-{w}w", g[1]) for w, g in gateways.items()]
-            for name, base in targets:
-                r = _client(base + "/v1/chat/completions", "timed", c, n, max(c, 20),
-                            spread_s=(a.ttft_ms + 63 * a.itl_ms) / 1000, cpus=load_cpus)
+            targets = [("direct", ups)] + [(f"gateway-{w}w", [g[1]] * k)
+                                           for w, g in gateways.items()]
+            for name, bases in targets:
+                r = _clients([b + "/v1/chat/completions" for b in bases], c, n, load_cpus, tmp,
+                             warmup=max(c, 20), spread_s=(a.ttft_ms + 63 * a.itl_ms) / 1000)
                 r.update(target=name, loadavg=os.getloadavg())
                 runs.append(r)
                 print(f"[workers] c={c} {name}: ttft p50 {r['ttft']['p50_ms']} p99 "
@@ -315,7 +328,8 @@ def phase_workers(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     finally:
         for proc, _ in gateways.values():
             stop_process(proc)
-        stop_process(fake)
+        for proc, _ in timed:
+            stop_process(proc)
     return {"throughput": throughput, "runs": runs, "added": _added(runs)}
 
 
