@@ -39,6 +39,7 @@ from typing import Any
 
 from benchmarks.gateway_client import KEY, client_main, summary
 from loadtests.procs import free_port, stop_process
+from benchmarks.backend_target import machine
 
 
 # ---- process helpers --------------------------------------------------------------------------
@@ -138,7 +139,7 @@ def _litellm(binary: str, upstream: str, tmp: Path, port: int,
 
 def _meta(a: argparse.Namespace) -> dict[str, Any]:
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": "2-core x86-64 CPU VM, 24 GiB, Python 3.11, torch 2.13 CPU",
+            "machine": machine(),
             "loadavg_start": os.getloadavg(), "command": " ".join(sys.argv),
             "pinned": bool(getattr(a, "pin", False)),
             "fake_upstream": {"ttft_ms": a.ttft_ms, "itl_ms": a.itl_ms, "tokens": 64,

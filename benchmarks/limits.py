@@ -29,6 +29,7 @@ import aiohttp
 from benchmarks.gateway import _spawn
 from loadtests.procs import stop_process
 from benchmarks.redis_server import RedisServer
+from benchmarks.backend_target import machine
 
 
 async def _load(url: str, keys: list[str], n: int, concurrency: int) -> dict[str, Any]:
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"(limit {row['expected']}, {row['error_pct']:+}%), 429 "
                       f"{row['refused_429']}, other {row['other']}")
     doc = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "machine": "2-core x86-64 CPU VM, shared", "command": " ".join(sys.argv),
+                    "machine": machine(), "command": " ".join(sys.argv),
                     "workers": a.workers, "requests": a.requests, "rpm": a.rpm,
                     "window_s": a.window_s, "concurrency": a.concurrency,
                     "loadavg": os.getloadavg()},

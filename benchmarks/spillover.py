@@ -34,6 +34,7 @@ from benchmarks.gateway import _client, _spawn
 from benchmarks.gateway_client import KEY
 from loadtests.procs import stop_process
 from loadtests.report import chart_routing
+from benchmarks.backend_target import machine
 
 
 # ---- the slotted local backend ----------------------------------------------------------------
@@ -132,7 +133,7 @@ def run_main(a: argparse.Namespace) -> None:
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": "2-core x86-64 CPU VM (shared by the backends, gateway and client)",
+            "machine": machine(),
             "command": " ".join(sys.argv), "loadavg_start": os.getloadavg(),
             "local": {"slots": a.slots, "prefill_ms": a.prefill_ms, "itl_ms": a.itl_ms,
                       "tokens": a.tokens},
