@@ -25,6 +25,12 @@ from backend.weights.paths import cache_root
 log = logging.getLogger(__name__)
 
 
+# EngineConfig fields that select each way explicitly (benchmarks, tools)
+STEP_OPS_FIELDS = {"eager": {"compile": False, "fused_ops": False},
+                   "triton": {"compile": False, "fused_ops": True},
+                   "compile": {"compile": True}}
+
+
 @dataclass(frozen=True)
 class CompileInfo:
     """What ``/health`` reports under ``compile``."""

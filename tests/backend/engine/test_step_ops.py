@@ -17,6 +17,7 @@ from backend.model import LlamaModel
 from backend.weights.config import ModelConfig
 from tests.backend.tiny_models import hf_greedy
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4, 5], list(range(3, 40))]
 
@@ -28,7 +29,7 @@ def references(tiny_llama) -> list[list[int]]:
 
 def _generate(make_engine, **fields) -> tuple[list[list[int]], list[int]]:
     """(greedy tokens of PROMPTS in one batch under a 16-token budget, of one prompt alone)"""
-    engine = make_engine(attention="sdpa", max_num_batched_tokens=16, **fields)
+    engine = make_engine(device=DEVICE, attention="sdpa", max_num_batched_tokens=16, **fields)
     return engine.generate(PROMPTS, GREEDY), engine.generate([[9, 8, 7]], GREEDY)[0]
 
 
@@ -83,7 +84,8 @@ def test_compiled_greedy_parity_without_recompiles(make_engine, references, monk
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     torch._dynamo.reset()
     counters.clear()
-    engine = make_engine(attention="sdpa", max_num_batched_tokens=16, compile=True)
+    engine = make_engine(device=DEVICE, attention="sdpa", max_num_batched_tokens=16,
+                         compile=True)
     info = engine.stats().compile
     assert info["enabled"] and info["step_ops"] == "compile" and info["pieces"]
     frames = counters["frames"]["total"]
