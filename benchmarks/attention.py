@@ -45,7 +45,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import StepStats
 from backend.engine.sampling import SamplingParams
 from backend.engine.step_ops import STEP_OPS_FIELDS
-from backend.layers import triton_attention
+from backend.layers import fused_ops, triton_attention
 from backend.layers.kv_cache import kv_storage_dtype
 from backend.weights.loader import synthetic_source
 
@@ -239,6 +239,38 @@ def _kernels_per_decode_step(engine: LLMEngine) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def bench_step_op_costs(tokens: tuple[int, ...] = (1, 64, 512), calls: int = 200) -> dict:
+    """Host and device microseconds per call of each eager and fused step op on Llama-2-7B
+    widths: host = the time to return from a burst of launches (no sync), device = the burst
+    until synchronised, both divided by the number of calls."""
+    hidden, heads, hd, inter = 4096, 64, 128, 11008  # q + k heads rotated
+    res: dict = {}
+    for t in tokens:
+        x = torch.randn(t, hidden, device=DEV, dtype=torch.bfloat16)
+        r, w = torch.randn_like(x), torch.randn(hidden, device=DEV, dtype=torch.bfloat16)
+        qkv = torch.randn(t, (heads + 32) * hd, device=DEV, dtype=torch.bfloat16)
+        qk = qkv[:, : heads * hd].view(t, heads, hd)
+        cos = torch.randn(t, hd, device=DEV, dtype=torch.bfloat16)
+        sin = torch.randn_like(cos)
+        gu = torch.randn(t, 2 * inter, device=DEV, dtype=torch.bfloat16)
+        for ops in (fused_ops.EAGER, fused_ops.TRITON):
+            calls_of = {"add_rms_norm": partial(ops.add_rms_norm, x, r, w, 1e-5),
+                        "rope": partial(ops.rope_, qk, cos, sin),
+                        "silu_mul": partial(ops.silu_mul, gu)}
+            for name, fn in calls_of.items():
+                fn()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                host = time.perf_counter() - t0
+                torch.cuda.synchronize()
+                total = time.perf_counter() - t0
+                res[f"{ops.name}/{name}/T={t}"] = {"host_us": host / calls * 1e6,
+                                                   "device_us": total / calls * 1e6}
+    return res
+
+
 def bench_engine(attention: str, long_context: bool, step_ops: str | None = None) -> dict:
     """long_context: also the max_model_len 32k engine (the dense references would gather
     32k positions per sequence and layer there: triton only). step_ops: eager / triton /
@@ -331,6 +363,8 @@ def main(argv: list[str] | None = None) -> None:
         _save(res, args.json)
     if "engine" in sections:
         res["engine"] = {}
+        if args.step_ops:
+            res["step_op_costs_us"] = bench_step_op_costs()
         for ops in filter(None, args.step_ops.split(",")):
             res["engine"][f"triton+{ops}"] = bench_engine("triton", False, ops)
             _save(res, args.json)
@@ -365,6 +399,8 @@ def _summary(res: dict) -> None:
         if "weight_bytes" in e:
             print(f"  floor at batch 1: {e['weight_bytes'] / (copy * 1e9) * 1e3:.2f} ms "
                   f"(weight bytes / copy bandwidth)")
+    for k, v in res.get("step_op_costs_us", {}).items():
+        print(f"{k:28s} host {v['host_us']:7.1f} us  device {v['device_us']:7.1f} us")
     tokens = {b: e["greedy_tokens"] for b, e in res.get("engine", {}).items()
               if "greedy_tokens" in e}
     if tokens:
