@@ -1,5 +1,7 @@
-"""Llama-family decoder in plain torch: Llama 2/3 (GQA, llama3 RoPE scaling), Mistral,
-Qwen2 (qkv bias), SmolLM2; tied or untied embeddings.
+"""Llama-family decoder as an ``nn.Module``: Llama 2/3 (GQA, llama3 RoPE scaling), Mistral,
+Qwen2 (qkv bias), SmolLM2; tied or untied embeddings. Weights are parameters (quantised
+codes buffers), so ``state_dict``, ``.to`` and ``named_parameters`` cover them; the RoPE
+tables are non-persistent buffers.
 
 Built straight on the target device and dtype from a ``ModelConfig`` (HF field names), then
 filled by ``load_weights`` from HF tensor names. q/k/v and gate/up are fused into one matrix
@@ -10,7 +12,9 @@ each at load time, so a layer costs two norms, four matmuls and a handful of ele
 paged ``Attention`` layer and its step metadata (``backend.layers.attention``); it returns
 float32 logits only for the rows the engine samples. Linear layers come from
 ``backend.layers.linear`` in the weight format asked for (dense or weight-only int8/int4);
-embeddings and the LM head stay in the model dtype unless asked.
+embeddings and the LM head stay in the model dtype unless asked. The norms, RoPE and SiLU
+run through a ``StepOps`` (``backend.layers.fused_ops``: torch ops or our fused Triton
+kernels), or the pieces between attention calls are torch.compiled (``use_step_ops``).
 """
 from __future__ import annotations
 
