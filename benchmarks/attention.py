@@ -17,6 +17,12 @@ then the engine (LLMEngine driven directly) on synthetic Llama-2-7B shapes, in o
    step at batch 32 / context 512 with max_model_len 1k and 32k, and the slowest step over
    the median of the steps with the same token count; for the triton and sdpa backends.
 5. Engine ms per decode step at batch 32, context about 4k, bf16 against int8 KV (triton).
+
+``--step-ops eager,triton,compile`` runs the engine section (triton attention) once per
+way of running the work between attention calls (``backend.engine.step_ops``) and adds
+for each: engine build time (compilation included), GPU kernels per eager decode step
+(torch.profiler over one step with the CUDA graphs set aside) and the greedy tokens of one
+prompt, so the variants can be compared token for token.
 """
 from __future__ import annotations
 
@@ -38,7 +44,8 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import StepStats
 from backend.engine.sampling import SamplingParams
-from backend.layers import triton_attention
+from backend.engine.step_ops import STEP_OPS_FIELDS
+from backend.layers import fused_ops, triton_attention
 from backend.layers.kv_cache import kv_storage_dtype
 from backend.weights.loader import synthetic_source
 
@@ -215,16 +222,72 @@ def _ttft_ms(engine: LLMEngine, repeats: int = 5) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
-def bench_engine(attention: str, long_context: bool) -> dict:
+def _kernels_per_decode_step(engine: LLMEngine) -> int:
+    """GPU kernels (and copies) of one batch-1 decode step run eagerly (graphs set aside)."""
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    engine.add_request("profiled", _prompts(1, 16, 5)[0], params)
+    engine.step()  # the prefill
+    graphs, engine.runner.graphs = engine.runner.graphs, None
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            engine.step()
+            torch.cuda.synchronize()
+    finally:
+        engine.runner.graphs = graphs
+    while engine.has_unfinished():
+        engine.step()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def bench_step_op_costs(tokens: tuple[int, ...] = (1, 64, 512), calls: int = 200) -> dict:
+    """Host and device microseconds per call of each eager and fused step op on Llama-2-7B
+    widths: host = the time to return from a burst of launches (no sync), device = the burst
+    until synchronised, both divided by the number of calls."""
+    hidden, heads, hd, inter = 4096, 64, 128, 11008  # q + k heads rotated
+    res: dict = {}
+    for t in tokens:
+        x = torch.randn(t, hidden, device=DEV, dtype=torch.bfloat16)
+        r, w = torch.randn_like(x), torch.randn(hidden, device=DEV, dtype=torch.bfloat16)
+        qkv = torch.randn(t, (heads + 32) * hd, device=DEV, dtype=torch.bfloat16)
+        qk = qkv[:, : heads * hd].view(t, heads, hd)
+        cos = torch.randn(t, hd, device=DEV, dtype=torch.bfloat16)
+        sin = torch.randn_like(cos)
+        gu = torch.randn(t, 2 * inter, device=DEV, dtype=torch.bfloat16)
+        for ops in (fused_ops.EAGER, fused_ops.TRITON):
+            calls_of = {"add_rms_norm": partial(ops.add_rms_norm, x, r, w, 1e-5),
+                        "rope": partial(ops.rope_, qk, cos, sin),
+                        "silu_mul": partial(ops.silu_mul, gu)}
+            for name, fn in calls_of.items():
+                fn()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                host = time.perf_counter() - t0
+                torch.cuda.synchronize()
+                total = time.perf_counter() - t0
+                res[f"{ops.name}/{name}/T={t}"] = {"host_us": host / calls * 1e6,
+                                                   "device_us": total / calls * 1e6}
+    return res
+
+
+def bench_engine(attention: str, long_context: bool, step_ops: str | None = None) -> dict:
     """long_context: also the max_model_len 32k engine (the dense references would gather
-    32k positions per sequence and layer there: triton only)."""
+    32k positions per sequence and layer there: triton only). step_ops: eager / triton /
+    compile (None = the engine's default)."""
     source = synthetic_source("llama-2-7b")
     steps = _Steps()
     res: dict = {}
     common = dict(device="cuda", dtype="bfloat16", attention=attention,
-                  enable_prefix_caching=False, kv_cache_memory_gib=24)
+                  enable_prefix_caching=False, kv_cache_memory_gib=24,
+                  **(STEP_OPS_FIELDS[step_ops] if step_ops else {}))
+    t0 = time.perf_counter()
     engine = LLMEngine(EngineConfig(max_model_len=1024, max_num_seqs=64, **common), source,
                        step_observer=steps)
+    res["engine_build_s"] = time.perf_counter() - t0
+    res["weight_bytes"] = sum(t.numel() * t.element_size() for t in
+                              engine.runner.model.state_dict().values())
+    res["compile"] = engine.stats().compile
     res["kernel"] = engine.stats().attention_kernel
     warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     for n in (3, 1):  # first shapes: allocator, cuBLAS heuristics
@@ -236,6 +299,10 @@ def bench_engine(attention: str, long_context: bool) -> dict:
     res["tok_s_batch64"] = 64 / res["tpot_batch64_ms"] * 1e3
     res["step_ms_batch32_ctx512_max_len_1k"] = _decode_ms(engine, 32, 480, 64, 3)
     res["worst_step_over_median"] = steps.worst_over_median()
+    if step_ops:
+        res["kernels_per_decode_step_eager"] = _kernels_per_decode_step(engine)
+        greedy = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+        res["greedy_tokens"] = engine.generate(_prompts(1, 64, 7), greedy)[0]
     del engine
     torch.cuda.empty_cache()
     if long_context:
@@ -278,6 +345,9 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"comma-separated subset of {', '.join(SECTIONS)}")
     ap.add_argument("--sweep", action="store_true", help="also time other tile configs")
     ap.add_argument("--engine-backends", default="triton,sdpa")
+    ap.add_argument("--step-ops", default="",
+                    help="engine section: triton attention once per listed way of running "
+                         "the work between attention calls (eager,triton,compile)")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -293,7 +363,12 @@ def main(argv: list[str] | None = None) -> None:
         _save(res, args.json)
     if "engine" in sections:
         res["engine"] = {}
-        for b in args.engine_backends.split(","):
+        if args.step_ops:
+            res["step_op_costs_us"] = bench_step_op_costs()
+        for ops in filter(None, args.step_ops.split(",")):
+            res["engine"][f"triton+{ops}"] = bench_engine("triton", False, ops)
+            _save(res, args.json)
+        for b in filter(None, args.engine_backends.split(",")):
             res["engine"][b] = bench_engine(b, long_context=b == "triton")
             _save(res, args.json)
     if "engine_kv" in sections:
@@ -321,6 +396,18 @@ def _summary(res: dict) -> None:
               f"{r['tflop_s']:6.1f} TFLOP/s {r.get('block_m', '')} {r.get('block_n', '')}")
     for b, e in res.get("engine", {}).items():
         print(b, {k: v for k, v in e.items() if not isinstance(v, (list, dict))})
+        if "weight_bytes" in e:
+            print(f"  floor at batch 1: {e['weight_bytes'] / (copy * 1e9) * 1e3:.2f} ms "
+                  f"(weight bytes / copy bandwidth)")
+    for k, v in res.get("step_op_costs_us", {}).items():
+        print(f"{k:28s} host {v['host_us']:7.1f} us  device {v['device_us']:7.1f} us")
+    tokens = {b: e["greedy_tokens"] for b, e in res.get("engine", {}).items()
+              if "greedy_tokens" in e}
+    if tokens:
+        first = next(iter(tokens.values()))
+        print("greedy tokens equal to the first variant's:",
+              {b: sum(x == y for x, y in zip(t, first)) for b, t in tokens.items()}, "of",
+              len(first))
     if "engine_step_ms_batch32_ctx4k_by_kv" in res:
         print("engine ms/step batch 32 ctx 4k by KV dtype",
               res["engine_step_ms_batch32_ctx4k_by_kv"])

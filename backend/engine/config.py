@@ -40,8 +40,11 @@ class EngineConfig(Schema):
     nvtx_prefix: str = "infer"
     max_model_len: int | None = Field(None, ge=1)  # None = the model's max_position_embeddings
     enable_prefix_caching: bool = True
-    # torch.compile of the work between attention calls; None = on for CUDA, off on CPU
+    # torch.compile of the work between attention calls; None = off (on CUDA the fused
+    # Triton kernels below measured faster, docs/BENCHMARKS.md "Whole step")
     compile: bool | None = None
+    # our fused Triton kernels for norm/RoPE/SiLU (when not compiled); None = on for CUDA
+    fused_ops: bool | None = None
     # prepare and launch step N+1 while the GPU runs step N; None = on for CUDA, off on CPU
     async_scheduling: bool | None = None
     # prefill tokens one step may carry (None = the whole max_num_batched_tokens budget)

@@ -188,7 +188,8 @@ class LLMEngine:
                            self.prompt_tokens_total, self.generation_tokens_total,
                            self.runner.attention_kernel,
                            str(self.runner.dtype).removeprefix("torch."),
-                           *self.runner.weights_info())
+                           *self.runner.weights_info(),
+                           compile=self.runner.compile_info.as_dict())
 
     @torch.inference_mode()
     def score(self, token_ids: list[int]) -> torch.Tensor:

@@ -15,6 +15,7 @@ from backend.engine.kernels import probe_attention_kernel, resolve_attention
 from backend.engine.nvtx import NvtxRanges
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import ScheduledBatch
+from backend.engine.step_ops import apply_step_ops, resolve_step_ops
 from backend.engine.sequence import Sequence
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache, bytes_per_block
@@ -88,6 +89,10 @@ class ModelRunner:
         self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads,
                               cfg.head_dim, self.attention, self.kv_cache, sdpa_context)
         self.sampler = Sampler(source.tokenizer.eos_token_ids, self.device)
+        # before the decode graphs: they capture the chosen (and compiled) pieces
+        self.compile_info = apply_step_ops(
+            self.model, resolve_step_ops(config.compile, config.fused_ops, self.device),
+            self.attn, self.kv_cache.scratch_slot, self.block_size)
         self.graphs = None
         if config.cuda_graph and self.device.type == "cuda":
             self.graphs = DecodeGraphs(self, max_batch=config.max_num_seqs)

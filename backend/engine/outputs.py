@@ -1,7 +1,7 @@
 """What the engine hands back: per-request outputs, timings, engine and step statistics."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -41,6 +41,8 @@ class EngineStats:
     weights_format: str = ""  # linear layers' weights, e.g. "bf16", "int8", "int4-g32"
     linear_kernel: str = ""  # the matmul that runs them, e.g. "torch._weight_int8pack_mm"
     lm_head_format: str = ""
+    # how the work between attention calls ran: {"enabled", "step_ops", "pieces", "seconds"}
+    compile: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from backend.layers import quant_kernels
 from backend.layers.quantize import GroupQuantized, check_group, quantize_int4, quantize_int8
@@ -82,15 +83,24 @@ def make_linear(fmt: WeightFormat, out_features: int, in_features: int, bias: bo
     return DenseLinear(out_features, in_features, bias, device, dtype, fmt.dtype or dtype)
 
 
-class Linear:
-    """y = x @ W.T (+ b) for x [T, in_features] in the model dtype."""
+def frozen(t: torch.Tensor) -> nn.Parameter:
+    """An inference-only parameter: in ``named_parameters``/``state_dict``, moved by ``.to``."""
+    return nn.Parameter(t, requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x @ W.T (+ b) for x [T, in_features] in the model dtype. Float weights are
+    parameters, quantised codes and scales buffers (registered once packed), so
+    ``state_dict``, ``named_parameters``/``named_buffers`` and ``.to`` see them all."""
     kernel = "none"
 
     def __init__(self, out_features: int, in_features: int, bias: bool,
                  device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
         self.out_features, self.in_features = out_features, in_features
         self.device, self.dtype = device, dtype
-        self.bias = torch.zeros(out_features, device=device, dtype=dtype) if bias else None
+        self.bias = frozen(torch.zeros(out_features, device=device, dtype=dtype)) \
+            if bias else None
 
     @property
     def weight_shape(self) -> tuple[int, int]:
@@ -104,7 +114,7 @@ class Linear:
         """The weight the kernel really multiplies by, [N, K] float32 (test reference)."""
         raise NotImplementedError
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
@@ -132,13 +142,15 @@ class DenseLinear(Linear):
     def __init__(self, out_features: int, in_features: int, bias: bool,
                  device: torch.device, dtype: torch.dtype, weight_dtype: torch.dtype) -> None:
         super().__init__(out_features, in_features, bias, device, dtype)
-        self.weight = torch.empty(out_features, in_features, device=device, dtype=weight_dtype)
+        self.weight = frozen(torch.empty(out_features, in_features, device=device,
+                                         dtype=weight_dtype))
 
     @classmethod
     def over(cls, weight: torch.Tensor) -> "DenseLinear":
         """A layer that uses ``weight`` [N, K] itself (a tied LM head shares the embedding)."""
         layer = cls(0, weight.shape[1], False, weight.device, weight.dtype, weight.dtype)
-        layer.out_features, layer.weight = weight.shape[0], weight
+        layer.out_features = weight.shape[0]
+        layer.weight = weight if isinstance(weight, nn.Parameter) else frozen(weight)
         return layer
 
     def load_rows(self, rows: slice, value: torch.Tensor | GroupQuantized) -> None:
@@ -149,7 +161,7 @@ class DenseLinear(Linear):
     def dequantized(self) -> torch.Tensor:
         return self.weight.float()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if w.dtype == x.dtype:
             return F.linear(x, w, self.bias)
@@ -209,8 +221,8 @@ class Int8Linear(_QuantizedLinear):
         return {"q": q, "scale": scale}
 
     def _pack(self, stage: dict[str, torch.Tensor]) -> None:
-        self.q = stage["q"].contiguous()  # [N, K] int8
-        self.scale = stage["scale"].to(self.dtype)  # [N]
+        self.register_buffer("q", stage["q"].contiguous())  # [N, K] int8
+        self.register_buffer("scale", stage["scale"].to(self.dtype))  # [N]
         if self.device.type == "cpu":
             self.kernel = "torch._weight_int8pack_mm"
         elif quant_kernels.AVAILABLE:
@@ -221,7 +233,7 @@ class Int8Linear(_QuantizedLinear):
     def dequantized(self) -> torch.Tensor:
         return self.q.float() * self.scale.float().unsqueeze(1)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         if self.device.type == "cpu":
             y = torch._weight_int8pack_mm(x, self.q, self.scale)
         elif quant_kernels.AVAILABLE and x.shape[0] <= TRITON_MAX_M:
@@ -262,15 +274,16 @@ class Int4Linear(_QuantizedLinear):
         codes, scale, lo = stage["codes"], stage["scale"], stage["min"]
         if self.device.type == "cpu":
             # tinygemm's convention: W = (q - 8) * scale + zero, so zero = min + 8 * scale.
-            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                codes.to(torch.int32), 1)
-            self.scale_zero = (torch.stack([scale, lo + 8 * scale], dim=-1)  # [N, K/G, 2]
-                               .transpose(0, 1).contiguous().to(self.dtype))  # [K/G, N, 2]
+            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                codes.to(torch.int32), 1))
+            self.register_buffer("scale_zero", (  # [N, K/G, 2] -> [K/G, N, 2]
+                torch.stack([scale, lo + 8 * scale], dim=-1)
+                .transpose(0, 1).contiguous().to(self.dtype)))
             self.kernel = "torch._weight_int4pack_mm_for_cpu"
         else:
-            self.packed = quant_kernels.pack_int4(codes)  # [N, K / 2] uint8
-            self.scale = scale.to(self.dtype).contiguous()  # [N, K / G]
-            self.min = lo.to(self.dtype).contiguous()
+            self.register_buffer("packed", quant_kernels.pack_int4(codes))  # [N, K / 2] uint8
+            self.register_buffer("scale", scale.to(self.dtype).contiguous())  # [N, K / G]
+            self.register_buffer("min", lo.to(self.dtype).contiguous())
             self.kernel = "triton-int4" if quant_kernels.AVAILABLE else "dequant+F.linear"
 
     def dequantized(self) -> torch.Tensor:
@@ -282,7 +295,7 @@ class Int4Linear(_QuantizedLinear):
                                                      self.scale_zero).float().t()
         return quant_kernels.dequantize_int4(self.packed, self.scale, self.min, G).float()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         G = self.group_size
         if self.device.type == "cpu":
             y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)

@@ -1,0 +1,160 @@
+"""The work of a decoder layer between its matmuls and attention, fused: residual add +
+RMSNorm, RoPE on q and k in place, SiLU(gate) * up. Two implementations behind one
+interface (``StepOps``): ``EAGER`` in plain torch ops (the reference, and the pieces
+torch.compile fuses), ``TRITON`` as one small Triton kernel each (our own code; the same
+schemes as vLLM's fused_add_rms_norm / rotary_embedding / silu_and_mul kernels).
+
+The Triton kernels reproduce the eager rounding: every intermediate the torch ops round to
+the activation dtype (the residual sum, x*cos and rotate(x)*sin, silu(gate)) is rounded the
+same way here, so fused and eager steps agree to the last bit in most rows and greedy
+decoding is unchanged. Under ``TRITON_INTERPRET=1`` they run on the CPU (tests).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+    AVAILABLE = True
+except ImportError:  # a CPU-only install without triton: the eager ops remain
+    AVAILABLE = False
+
+
+# ---------------------------------------------------------------- eager (torch) reference
+def add_rms_norm_eager(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: [T, hidden] -> (rms_norm(x + residual) * weight, x + residual).
+    Without a residual (the first layer) x itself is normed and carried."""
+    if residual is not None:
+        x = x + residual
+    return F.rms_norm(x, (x.shape[-1],), weight, eps), x
+
+
+def rope_eager_(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """qk: [T, heads, hd] view (q heads then k heads), rotated in place (HF rotate_half
+    layout); cos/sin: [T, hd]."""
+    half = qk.shape[-1] // 2
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, hd]
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    qk.copy_(qk * cos + rotated * sin)
+
+
+def silu_mul_eager(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [T, 2 * inter] (gate | up) -> silu(gate) * up [T, inter]."""
+    inter = gate_up.shape[-1] // 2
+    return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+
+
+# ---------------------------------------------------------------- Triton kernels
+if AVAILABLE:
+    @triton.jit
+    def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+                             stride_x, stride_r, stride_o, stride_ro, N, eps,
+                             HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+        # one program per row; the whole row (hidden <= BLOCK) lives in registers
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < N
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        if HAS_RES:
+            r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
+            s = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like eager x + r
+            tl.store(res_out_ptr + row * stride_ro + cols, s, mask=mask)
+            x = s
+        xf = x.to(tl.float32)
+        var = tl.sum(xf * xf, axis=0) / N
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y = xf * (1.0 / tl.sqrt(var + eps)) * w
+        tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _rope_kernel(qk_ptr, cos_ptr, sin_ptr, stride_t, stride_h, stride_c, heads,
+                     HALF: tl.constexpr, HEADS_P2: tl.constexpr, HALF_P2: tl.constexpr):
+        # one program per token: every q and k head of the token, both halves at once
+        t = tl.program_id(0)
+        h = tl.arange(0, HEADS_P2)[:, None]  # [HP, 1]
+        d = tl.arange(0, HALF_P2)[None, :]  # [1, DP]
+        mask = (h < heads) & (d < HALF)
+        base = qk_ptr + t * stride_t + h * stride_h + d
+        x1 = tl.load(base, mask=mask, other=0.0)
+        x2 = tl.load(base + HALF, mask=mask, other=0.0)
+        dt = x1.dtype
+        # cos/sin rows repeat their first half (HF layout): one half is enough
+        c = tl.load(cos_ptr + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        # eager: x * cos + cat(-x2, x1) * sin, each product rounded to the dtype first
+        o1 = (a1 * c).to(dt).to(tl.float32) + (-a2 * s).to(dt).to(tl.float32)
+        o2 = (a2 * c).to(dt).to(tl.float32) + (a1 * s).to(dt).to(tl.float32)
+        tl.store(base, o1.to(dt), mask=mask)
+        tl.store(base + HALF, o2.to(dt), mask=mask)
+
+    @triton.jit
+    def _silu_mul_kernel(gu_ptr, out_ptr, stride_g, stride_o, inter,
+                         BLOCK: tl.constexpr):
+        # grid (token, column block)
+        t = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < inter
+        g = tl.load(gu_ptr + t * stride_g + cols, mask=mask, other=0.0)
+        u = tl.load(gu_ptr + t * stride_g + inter + cols, mask=mask, other=0.0)
+        gf = g.to(tl.float32)
+        act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # F.silu rounds to the dtype
+        y = act.to(tl.float32) * u.to(tl.float32)
+        tl.store(out_ptr + t * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton twin of ``add_rms_norm_eager``: one kernel, one pass over the row."""
+    T, N = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else x
+    res = residual if residual is not None else x
+    if T:
+        _add_rms_norm_kernel[(T,)](x, res, weight, out, res_out, x.stride(0), res.stride(0),
+                                   out.stride(0), res_out.stride(0), N, eps,
+                                   HAS_RES=residual is not None,
+                                   BLOCK=triton.next_power_of_2(N))
+    return out, res_out
+
+
+def rope_triton_(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """The Triton twin of ``rope_eager_`` (in place on the q|k heads of a qkv row)."""
+    T, heads, hd = qk.shape
+    assert qk.stride(2) == 1 and cos.stride(1) == 1 and cos.stride() == sin.stride()
+    if T:
+        _rope_kernel[(T,)](qk, cos, sin, qk.stride(0), qk.stride(1), cos.stride(0), heads,
+                           HALF=hd // 2, HEADS_P2=triton.next_power_of_2(heads),
+                           HALF_P2=triton.next_power_of_2(hd // 2))
+
+
+def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    """The Triton twin of ``silu_mul_eager``."""
+    T, two_inter = gate_up.shape
+    inter = two_inter // 2
+    out = torch.empty(T, inter, device=gate_up.device, dtype=gate_up.dtype)
+    block = min(1024, triton.next_power_of_2(inter))
+    if T:
+        _silu_mul_kernel[(T, triton.cdiv(inter, block))](
+            gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block)
+    return out
+
+
+@dataclass(frozen=True)
+class StepOps:
+    """The non-matmul, non-attention work of a layer, in one implementation."""
+    name: str
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    rope_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+    silu_mul: Callable[[torch.Tensor], torch.Tensor]
+
+
+EAGER = StepOps("eager", add_rms_norm_eager, rope_eager_, silu_mul_eager)
+TRITON = StepOps("triton", add_rms_norm_triton, rope_triton_, silu_mul_triton) \
+    if AVAILABLE else None

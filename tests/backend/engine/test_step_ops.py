@@ -1,0 +1,96 @@
+"""The model as an nn.Module, and the three ways of running the work between attention
+calls (eager, fused Triton kernels, torch.compile) giving the same greedy tokens as
+transformers through the engine (chunked prefill, mixed steps, a single-token decode)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from backend.engine.sampling import SamplingParams
+from backend.engine.step_ops import resolve_step_ops
+from backend.layers import fused_ops
+from backend.layers.linear import WeightFormat
+from backend.model import LlamaModel
+from backend.weights.config import ModelConfig
+from tests.backend.tiny_models import hf_greedy
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4, 5], list(range(3, 40))]
+
+
+@pytest.fixture(scope="module")
+def references(tiny_llama) -> list[list[int]]:
+    return [hf_greedy(tiny_llama, p, GREEDY.max_tokens) for p in PROMPTS]
+
+
+def _generate(make_engine, **fields) -> tuple[list[list[int]], list[int]]:
+    """(greedy tokens of PROMPTS in one batch under a 16-token budget, of one prompt alone)"""
+    engine = make_engine(device=DEVICE, attention="sdpa", max_num_batched_tokens=16, **fields)
+    return engine.generate(PROMPTS, GREEDY), engine.generate([[9, 8, 7]], GREEDY)[0]
+
+
+def test_model_is_a_module_with_every_weight(tiny_llama) -> None:
+    cfg = ModelConfig.from_hf_dict(tiny_llama.config.to_dict())
+    model = LlamaModel(cfg, "cpu", torch.float32, max_len=64)
+    hf_names = set(tiny_llama.state_dict())
+    state = model.state_dict()
+    assert "cos_table" not in state  # derived from the config: not a weight
+    # every HF weight has a home: q|k|v and gate|up fused, nothing else left over
+    assert sum(p.numel() for p in model.parameters()) == \
+        sum(t.numel() for t in tiny_llama.state_dict().values())
+    assert len(state) == len(hf_names) - 3 * cfg.num_hidden_layers  # 5 -> 2 per layer
+    other = LlamaModel(cfg, "cpu", torch.float32, max_len=64, seed=1)
+    assert not torch.equal(other.layers[1].qkv.weight, model.layers[1].qkv.weight)
+    other.load_state_dict(state)
+    for (name, a), (_, b) in zip(model.named_parameters(), other.named_parameters()):
+        assert torch.equal(a, b), name
+    half = model.to(torch.bfloat16)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert half.cos_table.dtype == torch.bfloat16
+
+
+def test_quantised_codes_are_buffers(tiny_llama) -> None:
+    cfg = ModelConfig.from_hf_dict(tiny_llama.config.to_dict())
+    model = LlamaModel(cfg, "cpu", torch.float32, max_len=64, weight_format=WeightFormat("int8"))
+    names = set(model.state_dict())
+    assert {"layers.0.qkv.q", "layers.0.qkv.scale", "layers.1.down.q"} <= names
+
+
+def test_resolve_step_ops() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_step_ops(None, None, cpu) == "eager"
+    assert resolve_step_ops(True, None, cpu) == "compile"
+    assert resolve_step_ops(False, False, cuda) == "eager"
+    if fused_ops.AVAILABLE:
+        assert resolve_step_ops(None, None, cuda) == "triton"
+
+
+@pytest.mark.skipif(not fused_ops.AVAILABLE, reason="triton not installed")
+def test_fused_kernels_greedy_parity(make_engine, references) -> None:
+    eager, eager_alone = _generate(make_engine, fused_ops=False)
+    fused, fused_alone = _generate(make_engine, fused_ops=True)
+    assert eager == references
+    assert fused == eager and fused_alone == eager_alone
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                    reason="torch.compile on the CPU needs a C++ compiler")
+def test_compiled_greedy_parity_without_recompiles(make_engine, references, monkeypatch,
+                                                   tmp_path) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    counters.clear()
+    engine = make_engine(device=DEVICE, attention="sdpa", max_num_batched_tokens=16,
+                         compile=True)
+    info = engine.stats().compile
+    assert info["enabled"] and info["step_ops"] == "compile" and info["pieces"]
+    frames = counters["frames"]["total"]
+    assert frames > 0  # the warm-up compiled: a single token and the dynamic token count
+    assert engine.generate(PROMPTS, GREEDY) == references
+    engine.generate([[9, 8, 7]], GREEDY)
+    # prefills of 16 and 13 tokens, decodes of 3, 2, 1: all served by the warm-up's graphs
+    assert counters["frames"]["total"] == frames
