@@ -1,7 +1,7 @@
 """What the engine hands back: per-request outputs, timings, engine and step statistics."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -41,6 +41,10 @@ class EngineStats:
     weights_format: str = ""  # linear layers' weights, e.g. "bf16", "int8", "int4-g32"
     linear_kernel: str = ""  # the matmul that runs them, e.g. "torch._weight_int8pack_mm"
     lm_head_format: str = ""
+    async_scheduling: bool = False  # step N+1 launched while the device runs step N
+    # GPU operations (kernels, copies) of one captured decode forward, per graph batch size;
+    # empty without CUDA graphs
+    decode_kernels_per_step: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
