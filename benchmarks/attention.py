@@ -203,6 +203,26 @@ def _decode_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: int) 
     return statistics.median(times[2:]) * 1e3
 
 
+def _stream_tpot_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: int) -> float:
+    """TPOT as a client sees it, with no device sync between steps (so the overlap of
+    async scheduling counts): per request (t_last - t_first) / (tokens - 1) from the
+    times its outputs leave ``step()``; the median over requests."""
+    params = SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(_prompts(batch, prompt, seed)):
+        engine.add_request(f"s{seed}-{i}", p, params)
+    first: dict[str, float] = {}
+    last: dict[str, tuple[float, int]] = {}
+    while engine.has_unfinished():
+        outputs = engine.step()
+        now = time.perf_counter()
+        for o in outputs:
+            if o.new_token_ids:
+                first.setdefault(o.request_id, now)
+                n = last.get(o.request_id, (0.0, 0))[1] + len(o.new_token_ids)
+                last[o.request_id] = (now, n)
+    return statistics.median((t - first[r]) / (n - 1) for r, (t, n) in last.items()) * 1e3
+
+
 def _ttft_ms(engine: LLMEngine, repeats: int = 5) -> tuple[float, list[float]]:
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     times = []
@@ -215,17 +235,23 @@ def _ttft_ms(engine: LLMEngine, repeats: int = 5) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
-def bench_engine(attention: str, long_context: bool) -> dict:
+def bench_engine(attention: str, long_context: bool, async_scheduling: bool | None = None
+                 ) -> dict:
     """long_context: also the max_model_len 32k engine (the dense references would gather
-    32k positions per sequence and layer there: triton only)."""
+    32k positions per sequence and layer there: triton only). async_scheduling: the engine
+    setting (None = its default, on for CUDA)."""
     source = synthetic_source("llama-2-7b")
     steps = _Steps()
     res: dict = {}
     common = dict(device="cuda", dtype="bfloat16", attention=attention,
-                  enable_prefix_caching=False, kv_cache_memory_gib=24)
+                  enable_prefix_caching=False, kv_cache_memory_gib=24,
+                  async_scheduling=async_scheduling)
     engine = LLMEngine(EngineConfig(max_model_len=1024, max_num_seqs=64, **common), source,
                        step_observer=steps)
-    res["kernel"] = engine.stats().attention_kernel
+    stats = engine.stats()
+    res["kernel"] = stats.attention_kernel
+    res["async_scheduling"] = stats.async_scheduling
+    res["decode_kernels_per_step"] = stats.decode_kernels_per_step
     warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     for n in (3, 1):  # first shapes: allocator, cuBLAS heuristics
         engine.generate(_prompts(n, 512, 90 + n), warm)
@@ -234,6 +260,8 @@ def bench_engine(attention: str, long_context: bool) -> dict:
     res["tpot_batch1_ms"] = _decode_ms(engine, 1, 512, 64, 1)
     res["tpot_batch64_ms"] = _decode_ms(engine, 64, 512, 64, 2)
     res["tok_s_batch64"] = 64 / res["tpot_batch64_ms"] * 1e3
+    res["stream_tpot_batch1_ms"] = _stream_tpot_ms(engine, 1, 512, 64, 5)
+    res["stream_tpot_batch64_ms"] = _stream_tpot_ms(engine, 64, 512, 64, 6)
     res["step_ms_batch32_ctx512_max_len_1k"] = _decode_ms(engine, 32, 480, 64, 3)
     res["worst_step_over_median"] = steps.worst_over_median()
     del engine
@@ -269,6 +297,7 @@ def bench_engine_kv(kinds: list[str]) -> dict:
 
 
 SECTIONS = ("decode", "prefill", "engine", "engine_kv")
+_ASYNC = {"default": None, "on": True, "off": False}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -278,6 +307,11 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"comma-separated subset of {', '.join(SECTIONS)}")
     ap.add_argument("--sweep", action="store_true", help="also time other tile configs")
     ap.add_argument("--engine-backends", default="triton,sdpa")
+    ap.add_argument("--engine-async", default="default",
+                    help="comma-separated engine async_scheduling settings to run: "
+                         "default, on, off (e.g. off,on for the comparison)")
+    ap.add_argument("--skip-long-context", action="store_true",
+                    help="no max_model_len 32k engine in the engine section")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -293,9 +327,14 @@ def main(argv: list[str] | None = None) -> None:
         _save(res, args.json)
     if "engine" in sections:
         res["engine"] = {}
+        modes = args.engine_async.split(",")
         for b in args.engine_backends.split(","):
-            res["engine"][b] = bench_engine(b, long_context=b == "triton")
-            _save(res, args.json)
+            for mode in modes:
+                key = b if mode == "default" else f"{b}_async_{mode}"
+                res["engine"][key] = bench_engine(
+                    b, long_context=b == "triton" and not args.skip_long_context,
+                    async_scheduling=_ASYNC[mode])
+                _save(res, args.json)
     if "engine_kv" in sections:
         res["engine_step_ms_batch32_ctx4k_by_kv"] = bench_engine_kv(["auto", "int8"])
     emit_json(res, args.json)
