@@ -18,7 +18,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from backend.engine.scheduler import ScheduledBatch
-from backend.engine.step_inputs import build_step, resolve_pending
+from backend.engine.step_inputs import build_step, host_source, resolve_pending
 from backend.layers.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,7 @@ class DecodeGraphs:
         tables = staged[4 * Bm:].reshape(B, nb)  # [B, nb]
         tables[:b] = host.block_tables  # rows' tails past nb keep older ids, never read
         tables[b:] = self.scratch_block
-        # one pinned host-to-device copy (the caching host allocator keeps it alive)
-        self.staged[:len(staged)].copy_(torch.from_numpy(staged).pin_memory(), non_blocking=True)
+        self.staged[:len(staged)].copy_(host_source(staged, r.device), non_blocking=True)
         self.block_tables[:B, :nb].copy_(self.staged[4 * Bm:4 * Bm + B * nb].view(B, nb))
         self.graphs[B].replay()
         return self.outputs[B][:b]

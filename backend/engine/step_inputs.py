@@ -34,13 +34,18 @@ def resolve_pending(ids: torch.Tensor, last_sampled: torch.Tensor) -> torch.Tens
     return torch.where(ids < 0, last_sampled.index_select(0, rows), ids)
 
 
-def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Host array -> device tensor: on CUDA one pinned non-blocking copy (the caching host
-    allocator keeps the pinned block alive until the copy has run)."""
+def host_source(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Host array -> tensor to copy to ``device`` from: pinned for CUDA (so the copy can be
+    non-blocking; the caching host allocator keeps the block alive until it has run)."""
     t = torch.from_numpy(array)
+    return t.pin_memory() if device.type == "cuda" else t
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Host array -> device tensor: on CUDA one pinned non-blocking copy."""
     if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
+        return torch.from_numpy(array)
+    return host_source(array, device).to(device, non_blocking=True)
 
 
 @dataclass

@@ -12,6 +12,7 @@ import pytest
 
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
+from backend.engine.cuda_graph import DecodeGraphs
 from backend.engine.sampling import SamplingParams
 from backend.engine.step_inputs import build_step, pending_token
 from backend.engine.scheduler import ScheduledBatch
@@ -115,11 +116,11 @@ def test_identical_tokens_with_eos_stop_ids_and_lengths(tiny_llama, make_engine)
 
 def test_identical_tokens_with_abort_and_preemption(make_engine) -> None:
     prompts = _prompts(6, seed=4)
-    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     requests = {f"r{i}": (p, params) for i, p in enumerate(prompts)}
     # a cache of a few blocks: running decodes preempt each other and recompute
     off, on, engines = _both(make_engine, requests, aborts={5: "r2", 9: "r4"},
-                             engine_kw={"kv_cache_memory_gib": 14 * 8192 / 2**30})
+                             engine_kw={"kv_cache_memory_gib": 10 * 8192 / 2**30})
     # an abort lands one step earlier in the stream with async scheduling: the outputs
     # a step returns are the previous step's
     for rid in ("r2", "r4"):
@@ -190,3 +191,40 @@ async def test_tokens_reach_the_consumer_before_the_next_step_is_read(
         assert len(got) == 8 and released == [True] * 8
     finally:
         await engine.stop()
+
+
+class _EagerReplay:
+    """Stands in for a captured CUDA graph on the CPU: a replay re-runs the forward on the
+    graphs' fixed input buffers and writes the fixed output, as a graph replay would."""
+
+    def __init__(self, graphs: DecodeGraphs, b: int) -> None:
+        self.graphs, self.b = graphs, b
+
+    def replay(self) -> None:
+        self.graphs.outputs[self.b].copy_(self.graphs._forward(self.b))
+
+
+class _CpuGraphs(DecodeGraphs):
+    def _capture(self, b: int) -> None:
+        self.outputs[b] = self._forward(b)
+        self.graphs[b] = _EagerReplay(self, b)
+
+
+def test_graph_inputs_staging_gives_identical_tokens(make_engine) -> None:
+    """The decode-graph path (one staging buffer, packed block tables, padded rows,
+    pending ids resolved inside the graph) gives the tokens of the eager path, with the
+    graphs' forward run eagerly on the CPU."""
+    prompts = _prompts(5, seed=21)
+    plist = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+             for n in (3, 9, 17, 6, 12)]  # the decode batch shrinks through 5, 4, 3, 2, 1
+    eager = make_engine(async_scheduling=False).generate(prompts, plist)
+    engine = make_engine(async_scheduling=True, block_size=4)
+    engine.runner.graphs = _CpuGraphs(engine.runner, max_batch=8)
+    replays = []
+    replay = _EagerReplay.replay
+    _EagerReplay.replay = lambda self: (replays.append(self.b), replay(self))[1]
+    try:
+        assert engine.generate(prompts, plist) == eager
+    finally:
+        _EagerReplay.replay = replay
+    assert {8, 4, 2, 1} <= set(replays)  # padded rows in use (5 decodes replay size 8)
