@@ -210,6 +210,26 @@ def _decode_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: int) 
     return statistics.median(times[2:]) * 1e3
 
 
+def _stream_tpot_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: int) -> float:
+    """TPOT as a client sees it, with no device sync between steps (so the overlap of
+    async scheduling counts): per request (t_last - t_first) / (tokens - 1) from the
+    times its outputs leave ``step()``; the median over requests."""
+    params = SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(_prompts(batch, prompt, seed)):
+        engine.add_request(f"s{seed}-{i}", p, params)
+    first: dict[str, float] = {}
+    last: dict[str, tuple[float, int]] = {}
+    while engine.has_unfinished():
+        outputs = engine.step()
+        now = time.perf_counter()
+        for o in outputs:
+            if o.new_token_ids:
+                first.setdefault(o.request_id, now)
+                n = last.get(o.request_id, (0.0, 0))[1] + len(o.new_token_ids)
+                last[o.request_id] = (now, n)
+    return statistics.median((t - first[r]) / (n - 1) for r, (t, n) in last.items()) * 1e3
+
+
 def _ttft_ms(engine: LLMEngine, repeats: int = 5) -> tuple[float, list[float]]:
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     times = []
@@ -271,15 +291,18 @@ def bench_step_op_costs(tokens: tuple[int, ...] = (1, 64, 512), calls: int = 200
     return res
 
 
-def bench_engine(attention: str, long_context: bool, step_ops: str | None = None) -> dict:
+def bench_engine(attention: str, long_context: bool, step_ops: str | None = None,
+                 async_scheduling: bool | None = None) -> dict:
     """long_context: also the max_model_len 32k engine (the dense references would gather
     32k positions per sequence and layer there: triton only). step_ops: eager / triton /
-    compile (None = the engine's default)."""
+    compile (None = the engine's default). async_scheduling: the engine setting (None = its
+    default, on for CUDA)."""
     source = synthetic_source("llama-2-7b")
     steps = _Steps()
     res: dict = {}
     common = dict(device="cuda", dtype="bfloat16", attention=attention,
                   enable_prefix_caching=False, kv_cache_memory_gib=24,
+                  async_scheduling=async_scheduling,
                   **(STEP_OPS_FIELDS[step_ops] if step_ops else {}))
     t0 = time.perf_counter()
     engine = LLMEngine(EngineConfig(max_model_len=1024, max_num_seqs=64, **common), source,
@@ -287,8 +310,11 @@ def bench_engine(attention: str, long_context: bool, step_ops: str | None = None
     res["engine_build_s"] = time.perf_counter() - t0
     res["weight_bytes"] = sum(t.numel() * t.element_size() for t in
                               engine.runner.model.state_dict().values())
-    res["compile"] = engine.stats().compile
-    res["kernel"] = engine.stats().attention_kernel
+    stats = engine.stats()
+    res["compile"] = stats.compile
+    res["kernel"] = stats.attention_kernel
+    res["async_scheduling"] = stats.async_scheduling
+    res["decode_kernels_per_step"] = stats.decode_kernels_per_step
     warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     for n in (3, 1):  # first shapes: allocator, cuBLAS heuristics
         engine.generate(_prompts(n, 512, 90 + n), warm)
@@ -297,6 +323,8 @@ def bench_engine(attention: str, long_context: bool, step_ops: str | None = None
     res["tpot_batch1_ms"] = _decode_ms(engine, 1, 512, 64, 1)
     res["tpot_batch64_ms"] = _decode_ms(engine, 64, 512, 64, 2)
     res["tok_s_batch64"] = 64 / res["tpot_batch64_ms"] * 1e3
+    res["stream_tpot_batch1_ms"] = _stream_tpot_ms(engine, 1, 512, 64, 5)
+    res["stream_tpot_batch64_ms"] = _stream_tpot_ms(engine, 64, 512, 64, 6)
     res["step_ms_batch32_ctx512_max_len_1k"] = _decode_ms(engine, 32, 480, 64, 3)
     res["worst_step_over_median"] = steps.worst_over_median()
     if step_ops:
@@ -336,6 +364,7 @@ def bench_engine_kv(kinds: list[str]) -> dict:
 
 
 SECTIONS = ("decode", "prefill", "engine", "engine_kv")
+_ASYNC = {"default": None, "on": True, "off": False}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -348,6 +377,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--step-ops", default="",
                     help="engine section: triton attention once per listed way of running "
                          "the work between attention calls (eager,triton,compile)")
+    ap.add_argument("--engine-async", default="default",
+                    help="comma-separated engine async_scheduling settings to run: "
+                         "default, on, off (e.g. off,on for the comparison)")
+    ap.add_argument("--skip-long-context", action="store_true",
+                    help="no max_model_len 32k engine in the engine section")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -368,9 +402,14 @@ def main(argv: list[str] | None = None) -> None:
         for ops in filter(None, args.step_ops.split(",")):
             res["engine"][f"triton+{ops}"] = bench_engine("triton", False, ops)
             _save(res, args.json)
+        modes = args.engine_async.split(",")
         for b in filter(None, args.engine_backends.split(",")):
-            res["engine"][b] = bench_engine(b, long_context=b == "triton")
-            _save(res, args.json)
+            for mode in modes:
+                key = b if mode == "default" else f"{b}_async_{mode}"
+                res["engine"][key] = bench_engine(
+                    b, long_context=b == "triton" and not args.skip_long_context,
+                    async_scheduling=_ASYNC[mode])
+                _save(res, args.json)
     if "engine_kv" in sections:
         res["engine_step_ms_batch32_ctx4k_by_kv"] = bench_engine_kv(["auto", "int8"])
     emit_json(res, args.json)

@@ -28,7 +28,8 @@ from backend.engine.sampling import SamplingParams
 PARITY_TESTS = ("tests/backend/engine/test_parity_backends.py",)
 
 
-def correctness() -> dict:
+def correctness(only: str = "") -> dict:
+    """only: run just the configurations whose name contains it (e.g. "triton")."""
     from tests.backend.tiny_models import hf_greedy, source_from_hf, tiny_hf_model
 
     hf = tiny_hf_model("llama")
@@ -44,17 +45,23 @@ def correctness() -> dict:
         runs[f"{backend}_fp32"] = dict(dtype="float32", cuda_graph=False, attention=backend)
         runs[f"{backend}_fp32_graphs"] = dict(dtype="float32", attention=backend)
         runs[f"{backend}_bf16_graphs"] = dict(dtype="bfloat16", attention=backend)
+    # every run above uses the CUDA default, async scheduling on; this one without it
+    runs["triton_fp32_graphs_no_async"] = dict(dtype="float32", attention="triton",
+                                               async_scheduling=False)
     for kind in ("int8", "fp8_e4m3"):
         for backend in ("triton", "sdpa"):
             runs[f"{backend}_fp32_{kind}_kv"] = dict(dtype="float32", kv_cache_dtype=kind,
                                                      attention=backend)
     for name, kw in runs.items():
+        if only not in name:
+            continue
         engine = LLMEngine(EngineConfig(device="cuda", kv_cache_memory_gib=0.05,
                                         max_model_len=512, max_num_batched_tokens=64,
                                         max_num_seqs=16, **kw), source)
         got = engine.generate(prompts, params)
         same = sum(a == b for a, b in zip(got, ref))
         out[name] = {"identical_to_reference": f"{same}/{len(ref)}",
+                     "async_scheduling": engine.async_scheduling,
                      "kernel": engine.stats().attention_kernel,
                      "blocks_free_after": engine.block_manager.num_used == 0}
     return out
@@ -101,9 +108,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--skip-tests", action="store_true", help="skip the engine's parity tests")
     ap.add_argument("--skip-speed", action="store_true", help="skip the llama-2-7b timing")
+    ap.add_argument("--only", default="",
+                    help="correctness runs whose name contains this (e.g. triton)")
     args = ap.parse_args(argv)
     result = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
-              "correctness": correctness()}
+              "correctness": correctness(args.only)}
     if not args.skip_tests:
         result["parity_tests_exit_code"] = parity_tests()
     if not args.skip_speed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -15,12 +16,13 @@ import torch
 from backend.engine.block_manager import BlockManager
 from backend.engine.config import EngineConfig
 from backend.engine.errors import RequestRejected
-from backend.engine.model_runner import ModelRunner
+from backend.engine.model_runner import ModelRunner, SampledIds
 from backend.engine.nvtx import NvtxRanges
 from backend.engine.outputs import EngineStats, RequestOutput, RequestTimings, StepStats
 from backend.engine.sampling import SamplingParams
 from backend.engine.scheduler import ScheduledBatch, Scheduler
 from backend.engine.sequence import Sequence, SeqStatus
+from backend.engine.step_inputs import pending_token
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,9 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.async_scheduling = config.async_scheduling if config.async_scheduling \
+            is not None else self.runner.device.type == "cuda"
+        self._in_flight: _Launched | None = None  # launched, sampled ids not yet read
 
     # -- requests ---------------------------------------------------------------------
     def check_request(self, prompt_len: int, params: SamplingParams) -> None:
@@ -89,29 +94,53 @@ class LLMEngine:
         if seq is None:
             return None
         self.scheduler.finish(seq, "abort")
+        live = self._in_flight is not None and \
+            any(self.seqs.get(s.request_id) is s for s in self._in_flight.sampled)
+        if not live:
+            self._in_flight = None  # nothing left to read from it
         return self._output(seq, [])
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._in_flight is not None
 
     # -- stepping ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One scheduled step. When the model or the sampler raises, the step is re-run on
-        halves of the batch until the sequences that break it are found: those finish with
+        """One scheduled step. With ``async_scheduling`` the step is launched and the
+        previous step's sampled ids are read while the device runs it: the outputs returned
+        are the previous step's (a sequence whose input token is still on the device takes
+        it from there). A sequence that stopped in the previous step and is also in this one
+        has that extra token discarded; one known to end (max_tokens, context) is never
+        launched again. Without it the step's own outputs are returned.
+
+        When the model or the sampler raises, the step is re-run on halves of the batch
+        until the sequences that break it are found: those finish with
         ``finish_reason == "error"`` (their blocks freed), every other one gets its token
         exactly as in a clean step. A failed run leaves no trace (``num_computed`` moves on
-        only after a run succeeds, and re-writing the same K/V slots is harmless)."""
+        only after a launch succeeds, and re-writing the same K/V slots is harmless)."""
         t0 = time.perf_counter_ns()
         with self.nvtx.range("schedule"):
             batch = self.scheduler.schedule()
-        if batch.num_seqs == 0:
+        if batch.num_seqs == 0 and self._in_flight is None:
             return []
-        try:
-            outputs = self._run(batch)
-        except Exception as exc:  # noqa: BLE001 - isolate the culprits, keep the rest
-            log.warning("engine step of %d sequences failed (%s: %s); isolating the failing "
-                        "requests", batch.num_seqs, type(exc).__name__, exc)
-            outputs = self._run_isolating(batch, exc)
+        outputs: list[RequestOutput] = []
+        launched = None
+        if batch.num_seqs:
+            try:
+                launched = self._launch(batch)
+            except Exception as exc:  # noqa: BLE001 - isolate the culprits, keep the rest
+                log.warning("engine step of %d sequences failed (%s: %s); isolating the "
+                            "failing requests", batch.num_seqs, type(exc).__name__, exc)
+                outputs += self._collect_in_flight()  # its tokens are this batch's inputs
+                batch = self._still_running(batch)
+                if batch.num_seqs:
+                    outputs += self._run_isolating(batch, exc)
+        outputs += self._collect_in_flight()
+        if launched is not None:
+            self._after_launch(launched)
+            if self.async_scheduling:
+                self._in_flight = launched
+            else:
+                outputs += self._collect(launched)
         if self.step_observer is not None:
             stats = StepStats(batch.num_seqs, batch.num_prefill_tokens, len(batch.decodes),
                               (time.perf_counter_ns() - t0) / 1e9)
@@ -121,17 +150,65 @@ class LLMEngine:
                 log.exception("step observer failed")
         return outputs
 
-    def _run(self, batch: ScheduledBatch) -> list[RequestOutput]:
-        """Run the model on batch and commit its progress; raises before committing."""
+    def _launch(self, batch: ScheduledBatch) -> _Launched:
+        """Queue the batch on the device and commit its progress; raises before committing.
+        Each sampled sequence gets a pending placeholder as its newest token."""
         sampled = batch.sampled_seqs()  # before num_computed moves on
-        tokens = self.runner.run(batch)
+        ids = self.runner.launch(batch)
         for seq in batch.decodes:
             seq.num_computed += 1
         for seq, n in batch.prefills:
             seq.num_computed += n
+        slots = []
+        for row, seq in enumerate(sampled):
+            slots.append(len(seq.token_ids))
+            seq.token_ids.append(pending_token(row))
+        return _Launched(batch, sampled, slots, ids)
+
+    def _after_launch(self, launched: _Launched) -> None:
+        """Once the previous step's tokens are known: register the full blocks of the
+        launched step (their tokens are all known now), and finish the sequences that end
+        with the token being sampled (max_tokens or the context), so that no later step
+        runs them. Their blocks may be reused at once: the device runs steps in order."""
+        batch = launched.batch
         for seq in batch.decodes + [s for s, _ in batch.prefills]:
-            self.block_manager.register_computed(seq)
-        return [self._append(seq, tok) for seq, tok in zip(sampled, tokens)]
+            if seq.status is SeqStatus.RUNNING:
+                self.block_manager.register_computed(seq)
+        for seq, slot in zip(launched.sampled, launched.slots):
+            if seq.status is SeqStatus.RUNNING and self._ends_at_length(seq, slot):
+                self.scheduler.finish(seq, "length")
+
+    def _ends_at_length(self, seq: Sequence, slot: int) -> bool:
+        return slot + 1 - seq.num_prompt_tokens >= seq.params.max_tokens or \
+            slot + 1 >= self.max_model_len
+
+    def _collect_in_flight(self) -> list[RequestOutput]:
+        launched, self._in_flight = self._in_flight, None
+        return self._collect(launched) if launched is not None else []
+
+    def _collect(self, launched: _Launched) -> list[RequestOutput]:
+        """Read a launched step's sampled ids (the step's one host sync) and append them."""
+        tokens = launched.ids.tolist()
+        outputs = []
+        for seq, slot, token in zip(launched.sampled, launched.slots, tokens):
+            if self.seqs.get(seq.request_id) is not seq:
+                continue  # aborted, failed or stopped meanwhile: the token is discarded
+            outputs.append(self._append(seq, slot, token))
+        return outputs
+
+    def _still_running(self, batch: ScheduledBatch) -> ScheduledBatch:
+        """batch without the sequences that finished since it was scheduled."""
+        def live(seq: Sequence) -> bool:
+            return seq.status is SeqStatus.RUNNING
+        return ScheduledBatch([s for s in batch.decodes if live(s)],
+                              [(s, n) for s, n in batch.prefills if live(s)])
+
+    def _run(self, batch: ScheduledBatch) -> list[RequestOutput]:
+        """Run the batch to its sampled tokens (no step in flight); raises before
+        committing anything."""
+        launched = self._launch(batch)
+        self._after_launch(launched)
+        return self._collect(launched)
 
     def _run_isolating(self, batch: ScheduledBatch, exc: Exception) -> list[RequestOutput]:
         """Bisect a failed batch: halves that run are committed, a single sequence that
@@ -156,19 +233,23 @@ class LLMEngine:
         out.error = error
         return out
 
-    def _append(self, seq: Sequence, token: int) -> RequestOutput:
+    def _append(self, seq: Sequence, slot: int, token: int) -> RequestOutput:
+        """The sampled token of ``seq`` at index ``slot`` is known: put it in place of its
+        placeholder, check the stops, hand out what is new."""
         now = time.perf_counter_ns()
-        seq.token_ids.append(token)
+        seq.token_ids[slot] = token
         self.generation_tokens_total += 1
         if seq.first_token_ns is None:
             seq.first_token_ns = now
-        p, reason, stop_token = seq.params, None, False
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos):
-            reason, stop_token = "stop", True
-        elif seq.num_generated >= p.max_tokens or len(seq) >= self.max_model_len:
+        p, reason = seq.params, None
+        stop_token = token in p.stop_token_ids or (not p.ignore_eos and token in self.eos)
+        if stop_token:
+            reason = "stop"
+        elif self._ends_at_length(seq, slot):
             reason = "length"
-        new = seq.take_new_tokens()
+        new = seq.take_new_tokens(slot + 1)
         if reason is not None:
+            del seq.token_ids[slot + 1:]  # a token launched after the stop is dropped
             self.scheduler.finish(seq, reason)
             self.seqs.pop(seq.request_id, None)
             if stop_token:
@@ -189,7 +270,10 @@ class LLMEngine:
                            self.runner.attention_kernel,
                            str(self.runner.dtype).removeprefix("torch."),
                            *self.runner.weights_info(),
-                           compile=self.runner.compile_info.as_dict())
+                           compile=self.runner.compile_info.as_dict(),
+                           async_scheduling=self.async_scheduling,
+                           decode_kernels_per_step=dict(self.runner.graphs.kernels_per_step)
+                           if self.runner.graphs is not None else {})
 
     @torch.inference_mode()
     def score(self, token_ids: list[int]) -> torch.Tensor:
@@ -220,6 +304,16 @@ class LLMEngine:
             for o in self.step():
                 out[o.request_id].extend(o.new_token_ids)
         return [out[rid] for rid in ids]
+
+
+@dataclass
+class _Launched:
+    """A step queued on the device whose sampled ids are not read yet."""
+
+    batch: ScheduledBatch
+    sampled: list[Sequence]  # the sequences that get a token, in row order
+    slots: list[int]  # where each one's placeholder sits in its token_ids
+    ids: SampledIds
 
 
 def _halves(batch: ScheduledBatch) -> tuple[ScheduledBatch, ScheduledBatch]:

@@ -16,7 +16,7 @@ from backend.engine.nvtx import NvtxRanges
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import ScheduledBatch
 from backend.engine.step_ops import apply_step_ops, resolve_step_ops
-from backend.engine.sequence import Sequence
+from backend.engine.step_inputs import build_step, split_on_device
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache, bytes_per_block
 from backend.layers.linear import WeightFormat, resolve_weight_format
@@ -93,6 +93,10 @@ class ModelRunner:
         self.compile_info = apply_step_ops(
             self.model, resolve_step_ops(config.compile, config.fused_ops, self.device),
             self.attn, self.kv_cache.scratch_slot, self.block_size)
+        # [max_num_seqs] long: the latest step's sampled ids, where the next step's inputs
+        # read tokens the host has not seen yet (a fixed buffer: CUDA graphs read it too)
+        self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,
+                                        device=self.device)
         self.graphs = None
         if config.cuda_graph and self.device.type == "cuda":
             self.graphs = DecodeGraphs(self, max_batch=config.max_num_seqs)
@@ -125,20 +129,12 @@ class ModelRunner:
                  blocks * per_block / 2**30)
         return blocks
 
-    def tensor(self, data: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
-        """Host list -> device tensor; on CUDA through pinned memory, without a sync."""
-        t = torch.tensor(data, dtype=dtype)
-        if self.device.type == "cpu":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
-
-    def slot(self, seq: Sequence, pos: int) -> int:
-        return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
-
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[int]:
-        """Forward one step; returns a sampled token for each sequence that completes its
-        uncomputed tokens this step, in order: decodes, then finishing prefills."""
+    def launch(self, batch: ScheduledBatch) -> "SampledIds":
+        """Queue one step on the device: inputs, forward, sampling, and the non-blocking
+        copy of the sampled ids to the host. Nothing here waits for the device; the ids
+        (one per sequence that completes its uncomputed tokens this step, in order:
+        decodes, then finishing prefills) are read with ``SampledIds.tolist()``."""
         stage = "decode" if not batch.prefills else "prefill"
         with self.nvtx.range(stage):
             if self.graphs is not None and not batch.prefills and self.graphs.can_run(batch):
@@ -150,49 +146,45 @@ class ModelRunner:
                 with self.nvtx.range("forward"):
                     logits = self.model.forward(*inputs)
         with self.nvtx.range("sample"):
-            # the only host sync of a step: the sampled ids
-            return self.sampler.sample(logits, batch.sampled_seqs()).tolist()
+            tokens = self.sampler.sample(logits, batch.sampled_seqs())  # [N] long
+            # the next step's pending input ids are read from here on the device
+            self.last_sampled[:tokens.shape[0]].copy_(tokens)
+            return SampledIds(tokens)
+
+    def run(self, batch: ScheduledBatch) -> list[int]:
+        """``launch`` and wait for the sampled ids (the step's one host sync)."""
+        return self.launch(batch).tolist()
 
     def prepare(self, batch: ScheduledBatch) -> tuple:
-        """Flat inputs: (input_ids [T], positions [T], attn, metadata, logits_indices [N])."""
-        ids, pos, slots, rows = [], [], [], []
-        lens, starts = [], [0]
-        for seq in batch.decodes:
-            p = seq.num_computed
-            ids.append(seq.token_ids[p])
-            pos.append(p)
-            slots.append(self.slot(seq, p))
-            lens.append(p + 1)
-            starts.append(len(ids))
-        rows.extend(range(len(batch.decodes)))
-        spans = []
-        for seq, n in batch.prefills:
-            start = seq.num_computed
-            q_start = len(ids)
-            ids.extend(seq.token_ids[start:start + n])
-            pos.extend(range(start, start + n))
-            slots.extend(self.slot(seq, p) for p in range(start, start + n))
-            lens.append(start + n)
-            starts.append(len(ids))
-            spans.append((q_start, n, start + n))
-            if start + n == len(seq):
-                rows.append(q_start + n - 1)
-        seqs = batch.decodes + [seq for seq, _ in batch.prefills]
-        dec_lens = lens[:len(batch.decodes)]
+        """Flat inputs: (input_ids [T], positions [T], attn, metadata, logits_indices [N]),
+        from one host array and one host-to-device copy."""
+        host = build_step(batch, self.block_size)
+        dev = split_on_device(host, self.device, self.last_sampled)
         meta = AttentionMetadata(
-            slot_mapping=self.tensor(slots), block_tables=self.block_tables(seqs, max(lens)),
-            context_lens=self.tensor(lens, torch.int32),
-            query_start_loc=self.tensor(starts, torch.int32), num_decode=len(batch.decodes),
-            prefill_spans=spans, max_decode_context=max(dec_lens, default=None),
-            min_decode_context=min(dec_lens, default=None))
+            slot_mapping=dev.slot_mapping, block_tables=dev.block_tables,
+            context_lens=dev.context_lens, query_start_loc=dev.query_start_loc,
+            num_decode=len(batch.decodes), prefill_spans=host.prefill_spans,
+            max_decode_context=host.max_decode_context,
+            min_decode_context=host.min_decode_context)
         self.attn.prepare(meta)
-        return (self.tensor(ids), self.tensor(pos), self.attn, meta, self.tensor(rows))
+        return (dev.input_ids, dev.positions, self.attn, meta, dev.logits_rows)
 
-    def block_table_rows(self, seqs: list[Sequence], context: int) -> list[list[int]]:
-        """Each sequence's first ceil(context / block_size) block ids, 0-padded."""
-        nb = -(-context // self.block_size)
-        return [s.block_table[:nb] + [0] * (nb - len(s.block_table[:nb])) for s in seqs]
 
-    def block_tables(self, seqs: list[Sequence], context: int) -> torch.Tensor:
-        """[S, ceil(context / block_size)] int32 block tables of the step's sequences."""
-        return self.tensor(self.block_table_rows(seqs, context), torch.int32)
+class SampledIds:
+    """A step's sampled ids on their way to the host: on CUDA a non-blocking copy into
+    pinned memory and an event recorded after it; ``tolist()`` waits for that event only."""
+
+    def __init__(self, tokens: torch.Tensor) -> None:
+        self.event = None
+        if tokens.device.type == "cuda":
+            self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self.host.copy_(tokens, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = tokens  # [N]
+
+    def tolist(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()

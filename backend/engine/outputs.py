@@ -43,6 +43,10 @@ class EngineStats:
     lm_head_format: str = ""
     # how the work between attention calls ran: {"enabled", "step_ops", "pieces", "seconds"}
     compile: dict = field(default_factory=dict)
+    async_scheduling: bool = False  # step N+1 launched while the device runs step N
+    # GPU operations (kernels, copies) of one captured decode forward, per graph batch size;
+    # empty without CUDA graphs
+    decode_kernels_per_step: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -7,9 +7,11 @@ min_tokens is enforced by masking EOS and stop ids to -inf until enough tokens e
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from backend.engine.sequence import Sequence
+from backend.engine.step_inputs import to_device
 
 
 class Sampler:
@@ -26,8 +28,7 @@ class Sampler:
         if all(greedy):
             return logits.argmax(dim=-1)
         N, V = logits.shape
-        temps = torch.tensor([s.params.temperature or 1.0 for s in seqs],
-                             dtype=torch.float32, device=self.device)
+        temps = self._tensor([s.params.temperature or 1.0 for s in seqs], np.float32)
         scaled = logits / temps.unsqueeze(1)  # [N, V]
         if any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in seqs):
             scaled = self._top_k_top_p(scaled, seqs)
@@ -39,8 +40,13 @@ class Sampler:
         # a zero draw would make 0/0 = NaN on a filtered token, and argmax picks NaN
         noise.clamp_(min=torch.finfo(noise.dtype).tiny)
         sampled = (probs / noise).argmax(dim=-1)
-        is_greedy = torch.tensor(greedy, device=self.device)
+        is_greedy = self._tensor(greedy, np.bool_)
         return torch.where(is_greedy, logits.argmax(dim=-1), sampled)
+
+    def _tensor(self, values: list, dtype: type) -> torch.Tensor:
+        """Host values -> device tensor through pinned memory: no host sync (a plain
+        torch.tensor(..., device=cuda) waits for the copy, and so for all queued work)."""
+        return to_device(np.asarray(values, dtype=dtype), self.device)
 
     def _mask_until_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         rows, cols = [], []
@@ -54,13 +60,12 @@ class Sampler:
             rows.extend([i] * len(banned))
             cols.extend(banned)
         if rows:
-            logits[torch.tensor(rows, device=self.device),
-                   torch.tensor(cols, device=self.device)] = float("-inf")
+            logits[self._tensor(rows, np.int64), self._tensor(cols, np.int64)] = float("-inf")
 
     def _top_k_top_p(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         N, V = logits.shape
-        top_k = torch.tensor([s.params.top_k or V for s in seqs], device=self.device)
-        top_p = torch.tensor([s.params.top_p for s in seqs], device=self.device)
+        top_k = self._tensor([s.params.top_k or V for s in seqs], np.int64)
+        top_p = self._tensor([s.params.top_p for s in seqs], np.float32)
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # [N, V]
         rank = torch.arange(V, device=self.device).unsqueeze(0)
         drop = rank >= top_k.unsqueeze(1)

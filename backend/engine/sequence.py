@@ -19,7 +19,9 @@ class SeqStatus(enum.Enum):
 @dataclass(eq=False)  # identity semantics: sequences live in queues and sets
 class Sequence:
     request_id: str
-    token_ids: list[int]  # prompt followed by the generated tokens
+    # prompt followed by the generated tokens; a token sampled by a step whose ids the host
+    # has not read yet is a negative placeholder (engine.step_inputs.pending_token)
+    token_ids: list[int]
     num_prompt_tokens: int
     params: SamplingParams
     arrival_ns: int = field(default_factory=time.perf_counter_ns)
@@ -51,7 +53,10 @@ class Sequence:
         """Only the newest token lacks K/V: one-token step that samples."""
         return self.num_uncomputed == 1 and self.num_generated > 0
 
-    def take_new_tokens(self) -> list[int]:
+    def take_new_tokens(self, end: int | None = None) -> list[int]:
+        """Generated tokens not handed out yet, up to index ``end`` of token_ids (the
+        tokens after it may still be pending placeholders)."""
+        end = len(self.token_ids) if end is None else end
         start = self.num_prompt_tokens + self.num_emitted
-        self.num_emitted = self.num_generated
-        return self.token_ids[start:]
+        self.num_emitted = end - self.num_prompt_tokens
+        return self.token_ids[start:end]

@@ -114,7 +114,10 @@ async def health(request: web.Request) -> web.Response:
         if s.kv_blocks_total else 0.0,
         "requests_running": s.running, "requests_waiting": s.waiting,
         "max_model_len": state.engine.max_model_len,
-        "device": state.config.engine.device})
+        "device": state.config.engine.device,
+        "engine": {"async_scheduling": s.async_scheduling,
+                   "decode_kernels_per_step": {str(b): n for b, n in
+                                               sorted(s.decode_kernels_per_step.items())}}})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -57,7 +57,8 @@ def test_server_config_rejects_unknown_keys():
 def test_cli_serves_and_stops_on_sigterm():
     proc = subprocess.Popen([sys.executable, "-m", "backend", "--model", "synthetic:tiny",
                              "--port", "0", "--max-model-len", "128", "--log-level", "WARNING",
-                             "--weights-dtype", "int4", "--lm-head-dtype", "int8"],
+                             "--weights-dtype", "int4", "--lm-head-dtype", "int8",
+                             "--async-scheduling"],
                             stdout=subprocess.PIPE, text=True)
     watchdog = threading.Timer(120, proc.kill)  # bounds the blocking readline below
     watchdog.start()
@@ -73,6 +74,8 @@ def test_cli_serves_and_stops_on_sigterm():
         # the weight format and the matmul that really runs it
         assert (health["weights_dtype"], health["linear_kernel"], health["lm_head_dtype"]) == (
             "int4-g32", "torch._weight_int4pack_mm_for_cpu", "int8")
+        # overlap scheduling asked for on the CPU (its default there is off); no graphs
+        assert health["engine"] == {"async_scheduling": True, "decode_kernels_per_step": {}}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
