@@ -41,7 +41,8 @@ def test_flags_map_onto_engine_and_server_config():
 
 def test_bad_flags_are_usage_errors():
     for argv in (["--attention", "flash"], ["--block-size", "0"], ["--port", "70000"],
-                 ["--weights-dtype", "int3"], ["--int4-group-size", "48"]):
+                 ["--weights-dtype", "int3"], ["--int4-group-size", "48"],
+                 ["--max-prefill-tokens", "4096"], ["--scheduling", "static", "--prefill-priority"]):
         r = subprocess.run([sys.executable, "-m", "backend", *argv], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and "error" in r.stderr, argv
@@ -57,7 +58,8 @@ def test_server_config_rejects_unknown_keys():
 def test_cli_serves_and_stops_on_sigterm():
     proc = subprocess.Popen([sys.executable, "-m", "backend", "--model", "synthetic:tiny",
                              "--port", "0", "--max-model-len", "128", "--log-level", "WARNING",
-                             "--weights-dtype", "int4", "--lm-head-dtype", "int8"],
+                             "--weights-dtype", "int4", "--lm-head-dtype", "int8",
+                             "--max-prefill-tokens", "64", "--prefill-priority"],
                             stdout=subprocess.PIPE, text=True)
     watchdog = threading.Timer(120, proc.kill)  # bounds the blocking readline below
     watchdog.start()
@@ -73,6 +75,11 @@ def test_cli_serves_and_stops_on_sigterm():
         # the weight format and the matmul that really runs it
         assert (health["weights_dtype"], health["linear_kernel"], health["lm_head_dtype"]) == (
             "int4-g32", "torch._weight_int4pack_mm_for_cpu", "int8")
+        # the step policy the scheduler runs
+        assert {k: health[k] for k in ("scheduling", "max_num_batched_tokens",
+                                       "max_prefill_tokens", "prefill_priority")} == {
+            "scheduling": "continuous", "max_num_batched_tokens": 2048,
+            "max_prefill_tokens": 64, "prefill_priority": True}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
