@@ -53,25 +53,29 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
                  max_num_batched_tokens: int, static: bool,
                  max_prefill_tokens: int | None = None, prefill_priority: bool = False) -> None:
-        if max_prefill_tokens is not None and not 1 <= max_prefill_tokens <= max_num_batched_tokens:
-            raise ValueError(f"max_prefill_tokens must be between 1 and max_num_batched_tokens "
-                             f"({max_num_batched_tokens}); got {max_prefill_tokens}")
-        if prefill_priority and static:
-            raise ValueError("prefill_priority needs continuous scheduling")
         self.bm = block_manager
         # Never more running sequences than tokens in a step: every running decode then
         # gets its token in every step that schedules decodes (none starves behind the budget).
         self.max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
         self.max_tokens = max_num_batched_tokens
-        self.max_prefill = max_prefill_tokens or max_num_batched_tokens
-        self.prefill_priority = prefill_priority
         self.static = static
+        self.configure(max_prefill_tokens, prefill_priority)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions_total = 0
         # the previous step was prefill-only while decodes were running: this one must
         # carry them (the bound on how long prefill priority can hold a decode back)
         self._decodes_held = False
+
+    def configure(self, max_prefill_tokens: int | None, prefill_priority: bool) -> None:
+        """Set the step policy (benchmarks change it between runs of one engine)."""
+        if max_prefill_tokens is not None and not 1 <= max_prefill_tokens <= self.max_tokens:
+            raise ValueError(f"max_prefill_tokens must be between 1 and max_num_batched_tokens "
+                             f"({self.max_tokens}); got {max_prefill_tokens}")
+        if prefill_priority and self.static:
+            raise ValueError("prefill_priority needs continuous scheduling")
+        self.max_prefill = max_prefill_tokens or self.max_tokens
+        self.prefill_priority = prefill_priority
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
