@@ -246,6 +246,12 @@ def kernel_busy_pct(report: dict | None, cuda: bool, steps: int) -> tuple[float 
     return 100 * (report["window_ms"] - report["gpu_idle_ms"]) / wall_ms, None
 
 
+def failed_row(reason: str) -> dict:
+    """A row without numbers: every column null, each with the reason."""
+    return {"concurrency": None, **{c: None for c in COLUMNS},
+            "reasons": {c: reason for c in COLUMNS}}
+
+
 def release() -> None:
     """Return the memory of engines no longer referenced (KV caches, CUDA graph pools)."""
     gc.collect()
@@ -289,23 +295,28 @@ def run(a: argparse.Namespace) -> dict:
         for i in wanted:
             name = ROWS[i - 1][0]
             fields = configs[6 if i == 7 else i]["fields"]
-            if i == 7 and kept is not None:
-                engine, build_s = kept, 0.0  # row 6's engine, already warm
-            else:
-                kept = None
-                release()
-                engine, build_s = bench.build(fields)
-            print(f"row {i}: {name} (engine built in {build_s:.1f} s)", flush=True)
-            if i == 7:
-                tuned = tune(bench, engine, a)
-                best = tuned["best"]
-                row = dict(best) if best else {"concurrency": None, "reasons": {
-                    c: f"no concurrency of {a.batches} met TTFT p99 <= {a.slo_ms} ms"
-                    for c in COLUMNS}}
-                if best:
-                    check = bench.floors_check(engine, best)
-            else:
-                row = bench.measure(engine, configs[i]["concurrency"], a.requests)
+            engine, build_s = None, 0.0
+            try:
+                if i == 7 and kept is not None:
+                    engine = kept  # row 6's engine, already warm
+                else:
+                    kept = None
+                    release()
+                    engine, build_s = bench.build(fields)
+                print(f"row {i}: {name} (engine built in {build_s:.1f} s)", flush=True)
+                if i == 7:
+                    tuned = tune(bench, engine, a)
+                    best = tuned["best"]
+                    row = dict(best) if best else failed_row(
+                        f"no concurrency of {a.batches} met TTFT p99 <= {a.slo_ms} ms")
+                    if best:
+                        check = bench.floors_check(engine, best)
+                else:
+                    row = bench.measure(engine, configs[i]["concurrency"], a.requests)
+            except Exception as exc:  # noqa: BLE001 - one broken row must not lose the table
+                print(f"row {i} failed: {type(exc).__name__}: {exc}", flush=True)
+                row = failed_row(f"{type(exc).__name__}: {exc}")
+                row["error"] = f"{type(exc).__name__}: {exc}"
             row.update(row=i, name=name, build_s=build_s, config={
                 k: v for k, v in fields.items() if k not in base},
                 article=ARTICLE.get(i, {}))
@@ -381,8 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         a.markdown.parent.mkdir(parents=True, exist_ok=True)
         a.markdown.write_text(table)
     f = res["meta"]["floors"]
-    print(f"floors: copy {f['copy_gb_s']:.0f} GB/s, matmul {f['matmul_tflop_s']:.1f} TFLOP/s "
-          f"({f['dtype']}, n={f['matmul_n']}); wall {res['meta']['wall_s']:.0f} s")
+    if f:
+        print(f"floors: copy {f['copy_gb_s']:.0f} GB/s, matmul {f['matmul_tflop_s']:.1f} "
+              f"TFLOP/s ({f['dtype']}, n={f['matmul_n']})")
+    print(f"wall {res['meta']['wall_s']:.0f} s")
     print(table, end="")
     return 0
 
