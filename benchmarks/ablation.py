@@ -65,6 +65,9 @@ ARTICLE = {1: {"ttft_ms": 320, "tpot_ms": 48, "gpu_util_pct": 22},
            3: {"ttft_ms": 210, "gpu_util_pct": 62, "note": "throughput doubled"},
            4: {"tpot_ms": 28, "gpu_util_pct": 78},
            5: {"ttft_ms": 185, "tpot_ms": 25, "gpu_util_pct": 85}}
+# The fused Triton step kernels (norm/RoPE/SiLU) belong to row 6's switch: rows 1-5 run
+# without them where the engine has that setting.
+STEP_FUSION = {"fused_ops": False} if "fused_ops" in EngineConfig.model_fields else {}
 FLOOR_TARGET = 1.5  # measured within 1.5x of the floor counts as met
 COLUMNS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tok_s", "gpu_util_mean_pct",
            "kernel_busy_pct", "roofline_decode_pct", "roofline_prefill_pct")
@@ -90,7 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="row 7: scheduling policies tried: default, priority (prefill "
                         "priority), budget (max_prefill_tokens = prompt tokens), priority+budget")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                   help="rows 6-7 compile the step (--no-compile: keep them eager, e.g. on CPU)")
+                   help="rows 6-7 compile the step (--no-compile: the fused kernels alone "
+                        "where the engine has them, else eager; e.g. on CPU)")
     p.add_argument("--profile-steps", type=int, default=8,
                    help="torch.profiler steps per row on CUDA (0: no kernel-busy column)")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB")
@@ -120,9 +124,12 @@ def row_configs(a: argparse.Namespace, base: dict, tuned_max: int) -> dict[int, 
     fields, out = dict(base), {}
     for i, (_, conc, update) in enumerate(ROWS, start=1):
         fields.update(update)
+        if i == 1:
+            fields.update(STEP_FUSION)
         if i == 3:
             fields.update(max_num_seqs=a.concurrency)
         if i == 6:
+            fields.update({k: True for k in STEP_FUSION})
             fields.update(compile=a.compile, max_num_seqs=max(tuned_max, a.concurrency))
         if i >= 3 and conc is not None:
             conc = a.concurrency
@@ -137,7 +144,7 @@ class Bench:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
         self.source = load_model_source(a.model)
-        self.models: dict[bool, object] = {}  # compile flag -> a built model to share
+        self.models: dict[tuple, object] = {}  # step ops -> a built model to share
         self.params = SamplingParams(max_tokens=a.output_tokens, ignore_eos=True, temperature=0.0)
         self.prompts = seeded_prompts(self.source.config.vocab_size, a.prompt_tokens, a.seed)
         self.floors: Floors | None = None
@@ -145,8 +152,9 @@ class Bench:
 
     def build(self, fields: dict) -> tuple[LLMEngine, float]:
         t0 = time.perf_counter()
-        key = bool(fields.get("compile"))
-        # a compiled step may wrap the model it runs: compiled rows share only among themselves
+        key = (fields.get("compile"), fields.get("fused_ops"))
+        # the step's ops (compiled, fused) are applied to the model itself: only rows with the
+        # same ops share one
         engine = LLMEngine(EngineConfig(**fields), self.source, model=self.models.get(key))
         self.models.setdefault(key, engine.runner.model)
         if self.floors is None:

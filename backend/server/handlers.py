@@ -114,7 +114,8 @@ async def health(request: web.Request) -> web.Response:
         if s.kv_blocks_total else 0.0,
         "requests_running": s.running, "requests_waiting": s.waiting,
         "max_model_len": state.engine.max_model_len,
-        "device": state.config.engine.device, **state.config.engine.scheduling_policy()})
+        "device": state.config.engine.device,
+        "engine": state.config.engine.scheduling_policy()})
 
 
 async def metrics(request: web.Request) -> web.Response:

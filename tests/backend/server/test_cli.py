@@ -75,9 +75,10 @@ def test_cli_serves_and_stops_on_sigterm():
         # the weight format and the matmul that really runs it
         assert (health["weights_dtype"], health["linear_kernel"], health["lm_head_dtype"]) == (
             "int4-g32", "torch._weight_int4pack_mm_for_cpu", "int8")
-        # the step policy the scheduler runs
-        assert {k: health[k] for k in ("scheduling", "max_num_batched_tokens",
-                                       "max_prefill_tokens", "prefill_priority")} == {
+        # the step policy the scheduler runs, in the engine section
+        policy = ("scheduling", "max_num_batched_tokens", "max_prefill_tokens",
+                  "prefill_priority")
+        assert {k: health["engine"][k] for k in policy} == {
             "scheduling": "continuous", "max_num_batched_tokens": 2048,
             "max_prefill_tokens": 64, "prefill_priority": True}
         proc.send_signal(signal.SIGTERM)
