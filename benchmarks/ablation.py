@@ -82,7 +82,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", default="1,2,3,4,5,6,7", help="comma-separated row numbers")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--output-tokens", type=int, default=64)
-    p.add_argument("--requests", type=int, default=32, help="measured requests per row")
+    p.add_argument("--requests", type=int, default=32,
+                   help="measured requests per row (row 7: at least 2 x the batch)")
+    p.add_argument("--batch1-requests", type=int, default=16,
+                   help="measured requests of rows 1-2 (batch 1: the slowest rows)")
     p.add_argument("--warmup", type=int, default=None,
                    help="warm-up requests per row (default: the row's concurrency)")
     p.add_argument("--concurrency", type=int, default=8,
@@ -320,7 +323,12 @@ def run(a: argparse.Namespace) -> dict:
                     if best:
                         check = bench.floors_check(engine, best)
                 else:
-                    row = bench.measure(engine, configs[i]["concurrency"], a.requests)
+                    conc = configs[i]["concurrency"]
+                    row = bench.measure(engine, conc, a.batch1_requests if conc == 1
+                                        else a.requests)
+                    print(f"  TTFT p50 {row['ttft_p50_ms']:.1f} ms, TPOT p50 "
+                          f"{row['tpot_p50_ms']:.2f} ms, {row['output_tok_s']:.1f} tok/s "
+                          f"({row['run_s']:.1f} s)", flush=True)
             except Exception as exc:  # noqa: BLE001 - one broken row must not lose the table
                 print(f"row {i} failed: {type(exc).__name__}: {exc}", flush=True)
                 row = failed_row(f"{type(exc).__name__}: {exc}")

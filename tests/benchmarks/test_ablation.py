@@ -12,6 +12,7 @@ def test_ablation_smoke_on_cpu(tmp_path) -> None:
     out, md = tmp_path / "ablation.json", tmp_path / "ablation.md"
     assert ablation.main([
         "--rows", "1,3,7", "--prompt-tokens", "16", "--output-tokens", "4", "--requests", "2",
+        "--batch1-requests", "2",
         "--concurrency", "2", "--batches", "2", "--policies", "default,priority",
         "--no-compile", "--slo-ms", "1e9", "--max-model-len", "64", "--kv-cache-memory", "0.02",
         "--weights-dtype", "bf16", "--json", str(out), "--markdown", str(md)]) == 0
