@@ -65,6 +65,30 @@ class EngineConfig(Schema):
             raise ValueError(f"int4_group_size must be one of {sizes}; got {value}")
         return value
 
+    @field_validator("max_prefill_tokens")
+    @classmethod
+    def _prefill_budget(cls, value: int | None, info: ValidationInfo) -> int | None:
+        step = info.data.get("max_num_batched_tokens")
+        if value is not None and step is not None and value > step:
+            raise ValueError(f"max_prefill_tokens ({value}) must not exceed "
+                             f"max_num_batched_tokens ({step}), the budget of the whole step")
+        return value
+
+    @field_validator("prefill_priority")
+    @classmethod
+    def _priority_needs_continuous(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("scheduling") == "static":
+            raise ValueError("prefill_priority needs scheduling=continuous (a static batch "
+                             "admits prompts only when nothing runs)")
+        return value
+
+    def scheduling_policy(self) -> dict[str, Any]:
+        """The step policy as /health reports it (the prefill budget resolved)."""
+        return {"scheduling": self.scheduling, "max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "max_prefill_tokens": self.max_prefill_tokens or self.max_num_batched_tokens,
+                "prefill_priority": self.prefill_priority}
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EngineConfig":
         return cls.model_validate(data)

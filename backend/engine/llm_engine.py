@@ -45,7 +45,8 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
-                                   config.max_num_batched_tokens, config.scheduling == "static")
+                                   config.max_num_batched_tokens, config.scheduling == "static",
+                                   config.max_prefill_tokens, config.prefill_priority)
         self.eos = frozenset(source.tokenizer.eos_token_ids)
         self.step_observer = step_observer
         self.seqs: dict[str, Sequence] = {}

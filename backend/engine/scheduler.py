@@ -9,6 +9,15 @@ Continuous mode, every step, under ``max_num_batched_tokens`` and ``max_num_seqs
    sequence cap and the free blocks allow (admission allocates blocks for the whole prompt).
 Static mode admits a batch only when nothing runs and lets it run to completion: the
 baseline that continuous batching is measured against.
+
+Two knobs trade TTFT against TPOT (docs/BACKEND-ENGINE.md, "Scheduling for a TTFT SLO"):
+* ``max_prefill_tokens`` caps the prefill tokens (2. and 3. together) of one step, below what
+  the decodes leave of ``max_num_batched_tokens``: a short step keeps the decodes' TPOT
+  steady, long prompts are chunked over more steps.
+* ``prefill_priority``: a step that has prefill work (a waiting prompt or a chunk under way)
+  carries only prefill, up to the prefill budget; the running decodes get their next token
+  in the step after it, which always schedules every decode first. So a decode is skipped
+  by at most one step in a row, however many prompts keep arriving (no starvation).
 """
 from __future__ import annotations
 
@@ -42,16 +51,31 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
-                 max_num_batched_tokens: int, static: bool) -> None:
+                 max_num_batched_tokens: int, static: bool,
+                 max_prefill_tokens: int | None = None, prefill_priority: bool = False) -> None:
         self.bm = block_manager
         # Never more running sequences than tokens in a step: every running decode then
-        # gets its token each step (none starves behind the budget).
+        # gets its token in every step that schedules decodes (none starves behind the budget).
         self.max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
         self.max_tokens = max_num_batched_tokens
         self.static = static
+        self.configure(max_prefill_tokens, prefill_priority)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions_total = 0
+        # the previous step was prefill-only while decodes were running: this one must
+        # carry them (the bound on how long prefill priority can hold a decode back)
+        self._decodes_held = False
+
+    def configure(self, max_prefill_tokens: int | None, prefill_priority: bool) -> None:
+        """Set the step policy (benchmarks change it between runs of one engine)."""
+        if max_prefill_tokens is not None and not 1 <= max_prefill_tokens <= self.max_tokens:
+            raise ValueError(f"max_prefill_tokens must be between 1 and max_num_batched_tokens "
+                             f"({self.max_tokens}); got {max_prefill_tokens}")
+        if prefill_priority and self.static:
+            raise ValueError("prefill_priority needs continuous scheduling")
+        self.max_prefill = max_prefill_tokens or self.max_tokens
+        self.prefill_priority = prefill_priority
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -60,8 +84,23 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
+        if self.prefill_priority and not self._decodes_held and self._has_prefill_work():
+            batch = ScheduledBatch([], [])
+            self._schedule_prefills(batch, self.max_prefill)
+            if batch.prefills:  # else (no blocks for the next prompt) a normal step
+                self._decodes_held = any(s.is_decode for s in self.running)
+                return batch
+        self._decodes_held = False
         batch = ScheduledBatch([], [])
         budget = self._schedule_decodes(batch, self.max_tokens)
+        self._schedule_prefills(batch, min(budget, self.max_prefill))
+        return batch
+
+    def _has_prefill_work(self) -> bool:
+        return bool(self.waiting) or any(not s.is_decode for s in self.running)
+
+    def _schedule_prefills(self, batch: ScheduledBatch, budget: int) -> None:
+        """Chunks of prefills under way, then new admissions, under ``budget`` tokens."""
         for seq in self.running:
             if budget == 0:
                 break
@@ -71,7 +110,6 @@ class Scheduler:
                 budget -= n
         if not self.static or not self.running:
             self._admit(batch, budget)
-        return batch
 
     def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:
         i = 0

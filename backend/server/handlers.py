@@ -115,7 +115,8 @@ async def health(request: web.Request) -> web.Response:
         "requests_running": s.running, "requests_waiting": s.waiting,
         "max_model_len": state.engine.max_model_len,
         "device": state.config.engine.device,
-        "engine": {"async_scheduling": s.async_scheduling,
+        "engine": {**state.config.engine.scheduling_policy(),
+                   "async_scheduling": s.async_scheduling,
                    "decode_kernels_per_step": {str(b): n for b, n in
                                                sorted(s.decode_kernels_per_step.items())}}})
 

@@ -41,7 +41,8 @@ def test_flags_map_onto_engine_and_server_config():
 
 def test_bad_flags_are_usage_errors():
     for argv in (["--attention", "flash"], ["--block-size", "0"], ["--port", "70000"],
-                 ["--weights-dtype", "int3"], ["--int4-group-size", "48"]):
+                 ["--weights-dtype", "int3"], ["--int4-group-size", "48"],
+                 ["--max-prefill-tokens", "4096"], ["--scheduling", "static", "--prefill-priority"]):
         r = subprocess.run([sys.executable, "-m", "backend", *argv], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and "error" in r.stderr, argv
@@ -58,7 +59,8 @@ def test_cli_serves_and_stops_on_sigterm():
     proc = subprocess.Popen([sys.executable, "-m", "backend", "--model", "synthetic:tiny",
                              "--port", "0", "--max-model-len", "128", "--log-level", "WARNING",
                              "--weights-dtype", "int4", "--lm-head-dtype", "int8",
-                             "--async-scheduling"],
+                             "--async-scheduling", "--max-prefill-tokens", "64",
+                             "--prefill-priority"],
                             stdout=subprocess.PIPE, text=True)
     watchdog = threading.Timer(120, proc.kill)  # bounds the blocking readline below
     watchdog.start()
@@ -75,7 +77,14 @@ def test_cli_serves_and_stops_on_sigterm():
         assert (health["weights_dtype"], health["linear_kernel"], health["lm_head_dtype"]) == (
             "int4-g32", "torch._weight_int4pack_mm_for_cpu", "int8")
         # overlap scheduling asked for on the CPU (its default there is off); no graphs
-        assert health["engine"] == {"async_scheduling": True, "decode_kernels_per_step": {}}
+        assert (health["engine"]["async_scheduling"],
+                health["engine"]["decode_kernels_per_step"]) == (True, {})
+        # the step policy the scheduler runs, in the engine section
+        policy = ("scheduling", "max_num_batched_tokens", "max_prefill_tokens",
+                  "prefill_priority")
+        assert {k: health["engine"][k] for k in policy} == {
+            "scheduling": "continuous", "max_num_batched_tokens": 2048,
+            "max_prefill_tokens": 64, "prefill_priority": True}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:

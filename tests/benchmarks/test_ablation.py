@@ -1,0 +1,48 @@
+"""benchmarks.ablation on the CPU: a smoke run of three rows (baseline, continuous batching,
+the SLO-tuned batch) with tiny counts; the JSON must hold every column with sane values, the
+GPU columns "n/a" with their reason, and the markdown the table and the floors line."""
+from __future__ import annotations
+
+import json
+
+from benchmarks import ablation
+
+
+def test_ablation_smoke_on_cpu(tmp_path) -> None:
+    out, md = tmp_path / "ablation.json", tmp_path / "ablation.md"
+    assert ablation.main([
+        "--rows", "1,3,7", "--prompt-tokens", "16", "--output-tokens", "4", "--requests", "2",
+        "--batch1-requests", "2",
+        "--concurrency", "2", "--batches", "2", "--policies", "default,priority",
+        "--no-compile", "--slo-ms", "1e9", "--max-model-len", "64", "--kv-cache-memory", "0.02",
+        "--weights-dtype", "bf16", "--json", str(out), "--markdown", str(md)]) == 0
+    res = json.loads(out.read_text())
+    assert [r["row"] for r in res["rows"]] == [1, 3, 7]
+    floors = res["meta"]["floors"]
+    assert floors["copy_gb_s"] > 0 and floors["matmul_tflop_s"] > 0
+    for r in res["rows"]:
+        for col in ablation.COLUMNS:
+            assert col in r, (r["row"], col)
+        assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] < 600_000
+        assert 0 < r["tpot_p50_ms"] < 600_000 and r["output_tok_s"] > 0
+        assert r["ttft_count"] == r["measured"] >= 2
+        # on the CPU the GPU columns are n/a, each with its reason; the roofline is measured
+        for col in ("gpu_util_mean_pct", "kernel_busy_pct"):
+            assert r[col] is None and r["reasons"][col]
+        assert r["roofline_decode_pct"] > 0 and r["roofline_prefill_pct"] > 0
+    base, batched, tuned = res["rows"]
+    assert base["concurrency"] == 1 and base["config"]["scheduling"] == "static"
+    assert base["config"]["attention"] == "math" and base["attention_kernel"] == "math"
+    assert batched["concurrency"] == 2 and batched["config"]["scheduling"] == "continuous"
+    assert base["article"]["ttft_ms"] == 320 and tuned["article"] == {}
+    # the SLO is met everywhere: every policy runs every batch, the best is one of them
+    points = res["tuned"]["points"]
+    assert [(p["policy"], p["concurrency"]) for p in points] == [("default", 2), ("priority", 2)]
+    assert all(p["meets_slo"] for p in points)
+    assert tuned["output_tok_s"] == max(p["output_tok_s"] for p in points)
+    check = res["floors_check"]
+    assert check["ttft_floor_ms"] > 0 and check["tpot_floor_ms"] > 0
+    assert check["concurrency"] == tuned["concurrency"]
+    text = md.read_text()
+    assert sum(line.startswith("| ") for line in text.splitlines()) == 4  # header + 3 rows
+    assert "goodput-maximising batch" in text and "~320 ms" in text
