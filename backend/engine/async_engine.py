@@ -3,7 +3,9 @@
 The event loop never runs torch: ``generate`` posts an add command to a thread-safe queue
 and awaits a per-request ``asyncio.Queue``; the engine thread drains the commands between
 steps, runs a step, and hands the step's outputs back with one
-``loop.call_soon_threadsafe`` per step. Leaving ``generate`` early (client gone, task
+``loop.call_soon_threadsafe`` per step, as soon as ``step()`` returns them (with overlap
+scheduling these are the previous step's tokens, handed over while the device runs the
+next step). Leaving ``generate`` early (client gone, task
 cancelled) posts an abort, which the engine applies before its next step, freeing the
 request's blocks.
 """

@@ -1,7 +1,9 @@
 """The synchronous engine: requests in, one scheduled step at a time, outputs out.
 
-``step()`` = schedule -> run the model on the flat batch -> sample -> append tokens, check
-stops, free finished sequences. AsyncEngine drives it from its own thread; tests and
+``step()`` = schedule -> launch the model and the sampler on the flat batch -> read the
+sampled ids (the step's one host sync) -> append tokens, check stops, free finished
+sequences. With ``async_scheduling`` the ids read are the previous step's, while the
+device runs the step just launched. AsyncEngine drives it from its own thread; tests and
 benchmarks can drive it directly (``generate``).
 """
 from __future__ import annotations
@@ -142,7 +144,7 @@ class LLMEngine:
                 self._in_flight = launched
             else:
                 outputs += self._collect(launched)
-        if self.step_observer is not None:
+        if self.step_observer is not None and batch.num_seqs:
             stats = StepStats(batch.num_seqs, batch.num_prefill_tokens, len(batch.decodes),
                               (time.perf_counter_ns() - t0) / 1e9)
             try:
