@@ -73,6 +73,9 @@ def test_cli_serves_and_stops_on_sigterm():
         # the weight format and the matmul that really runs it
         assert (health["weights_dtype"], health["linear_kernel"], health["lm_head_dtype"]) == (
             "int4-g32", "torch._weight_int4pack_mm_for_cpu", "int8")
+        # how the work between attention calls ran: eager on the CPU by default
+        assert health["compile"] == {"enabled": False, "step_ops": "eager", "pieces": [],
+                                     "seconds": 0.0}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
