@@ -85,6 +85,9 @@ def test_cli_serves_and_stops_on_sigterm():
         assert {k: health["engine"][k] for k in policy} == {
             "scheduling": "continuous", "max_num_batched_tokens": 2048,
             "max_prefill_tokens": 64, "prefill_priority": True}
+        # how the work between attention calls ran: eager on the CPU by default
+        assert health["compile"] == {"enabled": False, "step_ops": "eager", "pieces": [],
+                                     "seconds": 0.0}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
