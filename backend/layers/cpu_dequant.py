@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 # Rows (tokens) from which a call dequantises instead of running the packed kernel. Measured
 # on the 2-core AVX-512 VM with SmolLM2's shapes (benchmarks.quant --cpu-crossover).
-DENSE_MIN_ROWS = {"int8": 64, "int4": 64}
+DENSE_MIN_ROWS = {"int8": 64, "int4": 128}
 CHUNK_ELEMENTS = 1 << 22  # weights dequantised at once: 8 MiB of bf16 scratch at most
 INT4_BLOCK_N = 64  # _convert_weight_to_int4pack_for_cpu's row block (see int4_unpack)
 
