@@ -9,7 +9,10 @@ weights), in one run:
     python -m benchmarks.quant --json out.json [--peak-gbs 4800] [--budget-s 200]
 
 ``--cpu bf16,int8,auto,auto+int8`` instead times the formats in-process on the CPU (batch-1
-decode and a 512-token prefill), interleaved repetition by repetition.
+decode and a 512-token prefill), interleaved repetition by repetition. ``--cpu-crossover``
+times SmolLM2's layer shapes on the CPU per number of tokens M: the packed int8/int4
+kernels, the dequantise-then-dense path (``cpu_dequant``) and bf16, to place
+``cpu_dequant.DENSE_MIN_ROWS``.
 
 Parts that would start after ``--budget-s`` seconds are skipped and listed as such.
 """
@@ -29,6 +32,7 @@ import torch
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
+from backend.layers import cpu_dequant
 from backend.layers.linear import LinearRows, WeightFormat, make_linear
 from backend.weights.loader import synthetic_source
 
@@ -37,6 +41,69 @@ SHAPES_7B = (("qkv", 12288, 4096), ("o", 4096, 4096), ("gate_up", 22016, 4096),
              ("down", 4096, 11008))
 FORMATS = {"bf16": WeightFormat("dense", torch.bfloat16), "int8": WeightFormat("int8"),
            "int4-g32": WeightFormat("int4", None, 32), "int4-g128": WeightFormat("int4", None, 128)}
+
+
+# SmolLM2-135M's block, fused like ours: (name, out_features, in_features).
+SHAPES_SMOLLM2 = (("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576),
+                  ("down", 576, 1536))
+CROSSOVER_M = (1, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
+
+
+def _cpu_time_us(fn, reps: int) -> float:
+    """Median of ``reps`` timed calls after one warm-up (the median rides out the shared
+    VM's scheduler stalls)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
+def _int8_packed(layer, x: torch.Tensor) -> torch.Tensor:
+    return torch._weight_int8pack_mm(x, layer.q, layer.scale)
+
+
+def _int8_dequant(layer, x: torch.Tensor) -> torch.Tensor:
+    return cpu_dequant.int8_matmul(x, layer.q, layer.scale)
+
+
+def _int4_packed(layer, x: torch.Tensor) -> torch.Tensor:
+    return torch._weight_int4pack_mm_for_cpu(x, layer.packed, layer.group_size,
+                                             layer.scale_zero)
+
+
+def _int4_dequant(layer, x: torch.Tensor) -> torch.Tensor:
+    return cpu_dequant.int4_matmul(x, layer.packed, layer.scale_zero, layer.group_size)
+
+
+def cpu_crossover(reps: int) -> list[dict]:
+    """Per SmolLM2 layer shape and M: packed kernel vs dequantise + dense vs bf16 (µs)."""
+    cpu = torch.device("cpu")
+    rows = []
+    for name, N, K in SHAPES_SMOLLM2:
+        w = torch.randn(N, K, generator=torch.Generator().manual_seed(0)) * 0.02
+        dense = make_linear(WeightFormat("dense", torch.bfloat16), N, K, False, cpu,
+                            torch.bfloat16)
+        LinearRows(dense).load(w)
+        int8 = make_linear(WeightFormat("int8"), N, K, False, cpu, torch.bfloat16)
+        LinearRows(int8).load(w)
+        int4 = make_linear(WeightFormat("int4", None, 32), N, K, False, cpu, torch.bfloat16)
+        LinearRows(int4).load(w)
+        paths = {
+            "bf16": dense,
+            "int8_packed": partial(_int8_packed, int8),
+            "int8_dequant": partial(_int8_dequant, int8),
+            "int4_packed": partial(_int4_packed, int4),
+            "int4_dequant": partial(_int4_dequant, int4),
+        }
+        for M in CROSSOVER_M:
+            x = torch.randn(M, K, dtype=torch.bfloat16)
+            rows.append({"shape": name, "N": N, "K": K, "M": M,
+                         **{p: round(_cpu_time_us(partial(fn, x), reps), 1)
+                            for p, fn in paths.items()}})
+    return rows
 
 
 def _time_us(fn, iters: int = 50) -> float:
@@ -190,7 +257,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct", help="CPU mode's model")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--cpu-crossover", action="store_true",
+                    help="CPU mode instead: per-layer packed vs dequantise+dense vs bf16 by M")
     args = ap.parse_args(argv)
+    if args.cpu_crossover:
+        result = {"load_start": os.getloadavg(), "threads": torch.get_num_threads(),
+                  "layers": cpu_crossover(args.reps), "load_end": os.getloadavg()}
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+        print("shape      M   bf16  int8_packed int8_dequant int4_packed int4_dequant (us)")
+        for r in result["layers"]:
+            print(f"{r['shape']:8} {r['M']:4} {r['bf16']:7.0f} {r['int8_packed']:10.0f} "
+                  f"{r['int8_dequant']:10.0f} {r['int4_packed']:10.0f} "
+                  f"{r['int4_dequant']:10.0f}")
+        return
     if args.cpu:
         result = {"load_start": os.getloadavg(),
                   "formats": cpu_interleaved(args.model, args.cpu.split(","), args.reps,

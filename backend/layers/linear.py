@@ -10,7 +10,9 @@ Kernels (``Linear.kernel`` names the one that runs):
   * dense: ``F.linear`` (oneDNN on CPU, cuBLAS on CUDA).
   * CPU int8: ``torch._weight_int8pack_mm``; CPU int4: ``torch._weight_int4pack_mm_for_cpu``
     over ``_convert_weight_to_int4pack_for_cpu``'s layout (both oneDNN/AVX-512 kernels that
-    read the packed codes directly).
+    read the packed codes directly) for few tokens; from ``cpu_dequant.DENSE_MIN_ROWS``
+    tokens on (prefill) the weight is dequantised per call into a scratch buffer and the
+    dense matmul runs (``cpu_dequant``).
   * CUDA int8/int4: Triton dequantising GEMV (one token) and GEMM (up to ``TRITON_MAX_M``
     tokens) from ``quant_kernels``; larger batches (prefill) dequantise to the model dtype
     and run cuBLAS, where the matmul is compute-bound and the extra weight pass is small.
@@ -23,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.layers import quant_kernels
+from backend.layers import cpu_dequant, quant_kernels
 from backend.layers.quantize import GroupQuantized, check_group, quantize_int4, quantize_int8
 
 WEIGHT_DTYPES = ("auto", "bf16", "fp16", "fp32", "int8", "int4")
@@ -235,7 +237,10 @@ class Int8Linear(_QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         if self.device.type == "cpu":
-            y = torch._weight_int8pack_mm(x, self.q, self.scale)
+            if x.shape[0] >= cpu_dequant.DENSE_MIN_ROWS["int8"]:
+                y = cpu_dequant.int8_matmul(x, self.q, self.scale)
+            else:
+                y = torch._weight_int8pack_mm(x, self.q, self.scale)
         elif quant_kernels.AVAILABLE and x.shape[0] <= TRITON_MAX_M:
             y = quant_kernels.int8_matmul(x, self.q, self.scale)
         else:
@@ -279,6 +284,8 @@ class Int4Linear(_QuantizedLinear):
             self.register_buffer("scale_zero", (  # [N, K/G, 2] -> [K/G, N, 2]
                 torch.stack([scale, lo + 8 * scale], dim=-1)
                 .transpose(0, 1).contiguous().to(self.dtype)))
+            # Many-token calls dequantise from the packed bytes, if we read their layout.
+            self.dense_from_packed = cpu_dequant.int4_layout_ok(self.packed, codes)
             self.kernel = "torch._weight_int4pack_mm_for_cpu"
         else:
             self.register_buffer("packed", quant_kernels.pack_int4(codes))  # [N, K / 2] uint8
@@ -298,7 +305,10 @@ class Int4Linear(_QuantizedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         G = self.group_size
         if self.device.type == "cpu":
-            y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)
+            if self.dense_from_packed and x.shape[0] >= cpu_dequant.DENSE_MIN_ROWS["int4"]:
+                y = cpu_dequant.int4_matmul(x, self.packed, self.scale_zero, G)
+            else:
+                y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)
         elif quant_kernels.AVAILABLE and x.shape[0] <= TRITON_MAX_M:
             y = quant_kernels.int4_matmul(x, self.packed, self.scale, self.min, G)
         else:

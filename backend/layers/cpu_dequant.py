@@ -1,0 +1,121 @@
+"""The CPU path of the packed weight formats for many rows (prefill): dequantise the layer's
+weight into a reusable scratch buffer, one block of output rows at a time, and run the dense
+matmul (oneDNN) on it.
+
+torch's packed CPU kernels (``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``) read
+the codes directly and win while few rows share each weight (decode), but at hundreds of
+rows they lose to the dense matmul by 2-3x; dequantising costs one pass over the weight per
+call, which a large matmul amortises (crossover measured in ``docs/benchmarks/quant.md``).
+The scratch is per thread and grows to the largest block (at most ``CHUNK_ELEMENTS``
+weights), so the model never has a dense copy.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.nn.functional as F
+
+# Rows (tokens) from which a call dequantises instead of running the packed kernel. Measured
+# on the 2-core AVX-512 VM with SmolLM2's shapes (benchmarks.quant --cpu-crossover).
+DENSE_MIN_ROWS = {"int8": 64, "int4": 128}
+CHUNK_ELEMENTS = 1 << 22  # weights dequantised at once: 8 MiB of bf16 scratch at most
+INT4_BLOCK_N = 64  # _convert_weight_to_int4pack_for_cpu's row block (see int4_unpack)
+
+# A nibble q becomes a float exactly by writing it into the low mantissa bits of a power of
+# two (2^m + q), then subtracting 2^m + 8 gives q - 8 with no rounding: (int view, bits, 2^m).
+_MAGIC = {torch.bfloat16: (torch.int16, 0x4300, 128.0),
+          torch.float16: (torch.int16, 0x6400, 1024.0),
+          torch.float32: (torch.int32, 0x4B000000, 8388608.0)}
+
+_local = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A per-thread buffer of ``shape`` (contents undefined), grown when too small."""
+    bufs = _local.__dict__.setdefault("bufs", {})
+    n = 1
+    for s in shape:
+        n *= s
+    buf = bufs.get((name, dtype))
+    if buf is None or buf.numel() < n:
+        buf = bufs[(name, dtype)] = torch.empty(n, dtype=dtype)
+    return buf[:n].view(shape)
+
+
+def _row_blocks(n_rows: int, in_features: int, align: int) -> list[tuple[int, int]]:
+    step = max(align, (CHUNK_ELEMENTS // in_features) // align * align)
+    return [(a, min(a + step, n_rows)) for a in range(0, n_rows, step)]
+
+
+def _blockwise(x: torch.Tensor, n_rows: int, blocks: list[tuple[int, int]], fn
+               ) -> torch.Tensor:
+    """y [T, N] from fn(n0, n1) -> y[:, n0:n1]; one block returns fn's result itself."""
+    if len(blocks) == 1:
+        return fn(*blocks[0])
+    y = torch.empty(x.shape[0], n_rows, dtype=x.dtype)
+    for n0, n1 in blocks:
+        y[:, n0:n1] = fn(n0, n1)
+    return y
+
+
+def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [T, K] @ (q [N, K] int8 * scale [N]).T -> [T, N]; the scale is per output row, so
+    it is applied to the output."""
+    N, K = q.shape
+
+    def block(n0: int, n1: int) -> torch.Tensor:
+        w = _scratch("w", (n1 - n0, K), x.dtype)
+        w.copy_(q[n0:n1])  # int8 -> float is exact
+        return F.linear(x, w) * scale[n0:n1]
+
+    return _blockwise(x, N, _row_blocks(N, K, 1), block)
+
+
+def int4_layout_ok(packed: torch.Tensor, codes: torch.Tensor) -> bool:
+    """Whether ``packed`` (from ``_convert_weight_to_int4pack_for_cpu``) holds ``codes``
+    [N, K] in the layout ``int4_unpack`` reads; checked once per layer at load, so another
+    torch version's layout turns this path off instead of giving wrong weights."""
+    N, K = codes.shape
+    if N % INT4_BLOCK_N or packed.shape != (N, K // 2) or packed.dtype != torch.uint8:
+        return False
+    return torch.equal(int4_unpack(packed, N, K), codes.to(torch.uint8))
+
+
+def int4_unpack(packed: torch.Tensor, N: int, K: int) -> torch.Tensor:
+    """Codes uint8 [N, K] from the packed layout: per block of 64 rows and per input k, 32
+    bytes whose low nibbles are rows 0..31 and high nibbles rows 32..63 of the block."""
+    p = packed.view(N // INT4_BLOCK_N, K, INT4_BLOCK_N // 2)
+    rows = torch.cat([p & 15, p >> 4], dim=2)  # [N/64, K, 64]
+    return rows.permute(0, 2, 1).reshape(N, K)
+
+
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
+                group_size: int) -> torch.Tensor:
+    """x [T, K] @ W.T with W[n, k] = (q - 8) * scale + zero (tinygemm's convention);
+    ``scale_zero`` [K / G, N, 2] as the packed kernel takes it."""
+    N, K = packed.shape[0], packed.shape[1] * 2
+    G, B = group_size, INT4_BLOCK_N
+    int_dtype, bits, base = _MAGIC[x.dtype]
+    p = packed.view(N // B, K, B // 2)
+
+    def block(n0: int, n1: int) -> torch.Tensor:
+        nb = (n1 - n0) // B
+        src = p[n0 // B:n1 // B].permute(1, 0, 2)  # [K, nb, 32] bytes
+        wide = _scratch("bytes", (K, nb, B // 2), int_dtype)
+        wide.copy_(src)
+        w = _scratch("w", (K, nb, 2, B // 2), x.dtype)  # W.T [K, n1 - n0], row blocks of 64
+        bits_view = w.view(int_dtype)
+        torch.bitwise_and(wide, 15, out=bits_view[:, :, 0])
+        torch.bitwise_right_shift(wide, 4, out=bits_view[:, :, 1])
+        bits_view.bitwise_or_(bits)  # 2^m + q
+        w.sub_(base + 8)  # q - 8, exact
+        # The interleaved scale/zero pairs, split into contiguous rows (strided operands
+        # make addcmul several times slower).
+        sz = _scratch("scale_zero", (2, K // G, n1 - n0), x.dtype)
+        sz.copy_(scale_zero[:, n0:n1].permute(2, 0, 1))
+        wg = w.view(K // G, G, n1 - n0)
+        torch.addcmul(sz[1].unsqueeze(1), wg, sz[0].unsqueeze(1), out=wg)
+        return x @ w.view(K, n1 - n0)
+
+    return _blockwise(x, N, _row_blocks(N, K, B), block)
