@@ -48,6 +48,17 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return host_source(array, device).to(device, non_blocking=True)
 
 
+# Segments start 16-byte aligned (4 int32 / 2 int64 elements would do; 4 keeps both): Triton
+# specialises a kernel on whether each pointer argument is 16-byte aligned, so views at
+# offsets that move with the batch's shape would compile a new kernel variant (about a
+# second each) whenever a step first meets another alignment pattern.
+SEGMENT_ALIGN = 4
+
+
+def _padded(n: int) -> int:
+    return n + (-n % SEGMENT_ALIGN)
+
+
 @dataclass
 class HostStep:
     """One step's inputs on the host (int64 NumPy arrays) and the host integers the
@@ -68,11 +79,22 @@ class HostStep:
     def has_pending(self) -> bool:
         return bool((self.ids < 0).any())
 
+    def segments(self) -> list[np.ndarray]:
+        """The packed arrays in order: the long part (ids, positions, slots, rows), then the
+        int32 part (context lengths, query offsets, block tables)."""
+        return [self.ids, self.positions, self.slots, self.rows, self.context_lens,
+                self.query_start_loc, self.block_tables.ravel()]
+
     def packed(self) -> np.ndarray:
-        """[3T + N + S + (S + 1) + S * W] int32: the long part first, then the int32 part."""
-        return np.concatenate([self.ids, self.positions, self.slots, self.rows,
-                               self.context_lens, self.query_start_loc,
-                               self.block_tables.ravel()]).astype(np.int32)
+        """[sum of padded segment lengths] int32: every segment starts at a multiple of
+        ``SEGMENT_ALIGN`` elements (see there why)."""
+        parts = []
+        for seg in self.segments():
+            parts.append(seg)
+            pad = -len(seg) % SEGMENT_ALIGN
+            if pad:
+                parts.append(np.zeros(pad, dtype=seg.dtype))
+        return np.concatenate(parts).astype(np.int32)
 
 
 def build_step(batch: ScheduledBatch, block_size: int) -> HostStep:
@@ -124,12 +146,15 @@ def split_on_device(host: HostStep, device: torch.device,
                     last_sampled: torch.Tensor) -> DeviceStep:
     """One H2D copy of ``host.packed()``, one cast of its long part, views of the rest."""
     flat = to_device(host.packed(), device)  # [L] int32
-    T, N, S = len(host.ids), len(host.rows), len(host.context_lens)
-    longs = flat[:3 * T + N].long()  # [3T + N]
-    ints = flat[3 * T + N:]
-    ids = longs[:T]
+    segs = host.segments()
+    offsets = np.cumsum([0] + [_padded(len(x)) for x in segs]).tolist()
+    views = []
+    longs = flat[:offsets[4]].long()  # ids, positions, slots, rows: one cast
+    for i, seg in enumerate(segs):
+        base = longs if i < 4 else flat
+        views.append(base[offsets[i]:offsets[i] + len(seg)])
+    ids, pos, slots, rows, ctx, qsl, tables = views
     if host.has_pending:
         ids = resolve_pending(ids, last_sampled)
-    return DeviceStep(ids, longs[T:2 * T], longs[2 * T:3 * T], longs[3 * T:],
-                      ints[:S], ints[S:2 * S + 1],
-                      ints[2 * S + 1:].view(S, host.block_tables.shape[1]))
+    return DeviceStep(ids, pos, slots, rows, ctx, qsl,
+                      tables.view(len(host.context_lens), host.block_tables.shape[1]))

@@ -125,9 +125,11 @@ class Attention:
             meta.extra["splits"] = triton_attention.decode_splits(
                 d, self.num_kv_heads, meta.max_decode_context, meta.block_tables.device)
         if meta.prefill_spans:
-            # prefill rows of the tables, and query offsets relative to the flat batch
-            meta.extra["prefill"] = (meta.block_tables[d:], meta.context_lens[d:],
-                                     meta.query_start_loc[d:])
+            # prefill rows of the tables, and query offsets relative to the flat batch;
+            # copied when decodes come first: a view d rows in is 16-byte aligned only for
+            # some d, and Triton compiles a kernel variant per alignment of its pointers
+            rows = (meta.block_tables[d:], meta.context_lens[d:], meta.query_start_loc[d:])
+            meta.extra["prefill"] = tuple(t.clone() for t in rows) if d else rows
 
     def _prepare_dense(self, meta: AttentionMetadata) -> None:
         bs, dev = self.kv_cache.block_size, meta.block_tables.device

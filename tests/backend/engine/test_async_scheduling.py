@@ -9,14 +9,16 @@ import random
 import threading
 
 import pytest
+import torch
 
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
 from backend.engine.cuda_graph import DecodeGraphs
 from backend.engine.sampling import SamplingParams
-from backend.engine.step_inputs import build_step, pending_token
+from backend.engine.step_inputs import build_step, pending_token, split_on_device
 from backend.engine.scheduler import ScheduledBatch
 from backend.engine.sequence import Sequence
+from backend.layers.attention import Attention, AttentionMetadata
 from tests.backend.tiny_models import source_from_hf
 
 
@@ -84,6 +86,38 @@ def test_build_step_matches_per_token_reference() -> None:
     assert host.block_tables.tolist() == [[7, 3], [2, 9], [5, 6]]
     assert host.prefill_spans == [(1, 13, 13), (14, 2, 18)]
     assert (host.max_decode_context, host.min_decode_context) == (21, 21)
+
+
+@pytest.mark.parametrize("decodes,chunk", [(1, 13), (2, 7), (3, 30), (5, 1)])
+def test_device_views_are_16_byte_aligned_and_exact(decodes, chunk) -> None:
+    """Every view the kernels receive starts 16-byte aligned whatever the step's shape
+    (Triton compiles a kernel variant per pointer alignment), and holds the host values;
+    the prefill rows that the attention backend slices past the decodes are aligned too."""
+    seqs = []
+    for i in range(decodes):
+        s = Sequence(f"d{i}", list(range(3, 3 + 20 + i)), 20 + i, SamplingParams())
+        s.num_computed, s.block_table = 19 + i, [i + 1, i + 2]
+        seqs.append(s)
+    p = Sequence("p", list(range(40, 40 + chunk + 5)), chunk + 5, SamplingParams())
+    p.num_computed, p.block_table = 5, [30, 31, 32]
+    host = build_step(ScheduledBatch(seqs, [(p, chunk)]), block_size=16)
+    dev = split_on_device(host, torch.device("cpu"), torch.zeros(8, dtype=torch.long))
+    views = {"ids": (dev.input_ids, host.ids), "positions": (dev.positions, host.positions),
+             "slots": (dev.slot_mapping, host.slots), "rows": (dev.logits_rows, host.rows),
+             "context_lens": (dev.context_lens, host.context_lens),
+             "query_start_loc": (dev.query_start_loc, host.query_start_loc),
+             "block_tables": (dev.block_tables, host.block_tables)}
+    for name, (t, ref) in views.items():
+        assert t.data_ptr() % 16 == 0, name
+        assert t.tolist() == ref.tolist(), name
+    meta = AttentionMetadata(dev.slot_mapping, dev.block_tables, dev.context_lens,
+                             dev.query_start_loc, num_decode=decodes,
+                             prefill_spans=host.prefill_spans,
+                             max_decode_context=host.max_decode_context,
+                             min_decode_context=host.min_decode_context)
+    attn = Attention(4, 2, 8, "triton", kv_cache=None)
+    for t in attn.prepare(meta).extra["prefill"]:
+        assert t.data_ptr() % 16 == 0
 
 
 def test_identical_tokens_with_eos_stop_ids_and_lengths(tiny_llama, make_engine) -> None:
