@@ -37,7 +37,7 @@ keys:
 providers:
   local: {base_url: "http://127.0.0.1:$BACKEND_PORT/v1", timeout_seconds: 600}
 models:
-  smollm2: {provider: local, model: "$BACKEND_MODEL"}
+  "$BACKEND_MODEL": {provider: local, model: "$BACKEND_MODEL"}
 request_log: $OUT/requests.jsonl
 YAML
 
@@ -52,9 +52,10 @@ wait_for "http://127.0.0.1:$BACKEND_PORT/health" 600 "${pids[0]}"
 pids+=($!)
 wait_for "http://127.0.0.1:$GATEWAY_PORT/healthz" 60 "${pids[1]}"
 
-"$PYTHON" -m loadtests.sweep --host "http://127.0.0.1:$GATEWAY_PORT" --model smollm2 \
+"$PYTHON" -m loadtests.sweep --host "http://127.0.0.1:$GATEWAY_PORT" --model "$BACKEND_MODEL" \
   --batch-sizes "$BATCH_SIZES" --requests "$REQUESTS" --prompt-tokens "$PROMPT_TOKENS" \
-  --output-tokens "$OUTPUT_TOKENS" --ttft-slo-ms "$SLO_MS" --out "$OUT" --label demo \
+  --output-tokens "$OUTPUT_TOKENS" --ttft-slo-ms "$SLO_MS" --out "$OUT" \
+  --label "demo: python -m backend --model $BACKEND_MODEL${BACKEND_ARGS:+ $BACKEND_ARGS}" \
   --gateway-log "$OUT/requests.jsonl" \
   --backend-metrics "http://127.0.0.1:$BACKEND_PORT/metrics" \
   --tokenize-url "http://127.0.0.1:$BACKEND_PORT/tokenize" --step-timeout 600
