@@ -57,6 +57,7 @@ class LLMEngine:
         self.async_scheduling = config.async_scheduling if config.async_scheduling \
             is not None else self.runner.device.type == "cuda"
         self._in_flight: _Launched | None = None  # launched, sampled ids not yet read
+        self._last_collected_ns = 0  # when the previous in-flight step's ids were read
 
     # -- requests ---------------------------------------------------------------------
     def check_request(self, prompt_len: int, params: SamplingParams) -> None:
@@ -144,14 +145,19 @@ class LLMEngine:
                 self._in_flight = launched
             else:
                 outputs += self._collect(launched)
-        if self.step_observer is not None and batch.num_seqs:
-            stats = StepStats(batch.num_seqs, batch.num_prefill_tokens, len(batch.decodes),
-                              (time.perf_counter_ns() - t0) / 1e9)
-            try:
-                self.step_observer(stats)
-            except Exception:  # noqa: BLE001 - a metrics bug must not fail the requests
-                log.exception("step observer failed")
+        if batch.num_seqs and (launched is None or not self.async_scheduling):
+            self._observe(batch, time.perf_counter_ns() - t0)
         return outputs
+
+    def _observe(self, batch: ScheduledBatch, duration_ns: int) -> None:
+        if self.step_observer is None:
+            return
+        stats = StepStats(batch.num_seqs, batch.num_prefill_tokens, len(batch.decodes),
+                          duration_ns / 1e9)
+        try:
+            self.step_observer(stats)
+        except Exception:  # noqa: BLE001 - a metrics bug must not fail the requests
+            log.exception("step observer failed")
 
     def _launch(self, batch: ScheduledBatch) -> _Launched:
         """Queue the batch on the device and commit its progress; raises before committing.
@@ -166,7 +172,7 @@ class LLMEngine:
         for row, seq in enumerate(sampled):
             slots.append(len(seq.token_ids))
             seq.token_ids.append(pending_token(row))
-        return _Launched(batch, sampled, slots, ids)
+        return _Launched(batch, sampled, slots, ids, time.perf_counter_ns())
 
     def _after_launch(self, launched: _Launched) -> None:
         """Once the previous step's tokens are known: register the full blocks of the
@@ -186,8 +192,18 @@ class LLMEngine:
             slot + 1 >= self.max_model_len
 
     def _collect_in_flight(self) -> list[RequestOutput]:
+        """Read the in-flight step. Its step statistics are reported here, for its own
+        batch: from its launch, or from the previous step's read if later (the device runs
+        steps in order), to this read; timing step() instead would charge a decode step
+        with the wait for the prefill launched before it."""
         launched, self._in_flight = self._in_flight, None
-        return self._collect(launched) if launched is not None else []
+        if launched is None:
+            return []
+        outputs = self._collect(launched)
+        now = time.perf_counter_ns()
+        self._observe(launched.batch, now - max(launched.launched_ns, self._last_collected_ns))
+        self._last_collected_ns = now
+        return outputs
 
     def _collect(self, launched: _Launched) -> list[RequestOutput]:
         """Read a launched step's sampled ids (the step's one host sync) and append them."""
@@ -317,6 +333,7 @@ class _Launched:
     sampled: list[Sequence]  # the sequences that get a token, in row order
     slots: list[int]  # where each one's placeholder sits in its token_ids
     ids: SampledIds
+    launched_ns: int  # perf_counter_ns when it was queued
 
 
 def _halves(batch: ScheduledBatch) -> tuple[ScheduledBatch, ScheduledBatch]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -262,3 +263,31 @@ def test_graph_inputs_staging_gives_identical_tokens(make_engine) -> None:
     finally:
         _EagerReplay.replay = replay
     assert {8, 4, 2, 1} <= set(replays)  # padded rows in use (5 decodes replay size 8)
+
+
+def test_step_stats_name_the_batch_each_duration_belongs_to(make_engine) -> None:
+    """With overlap the observer hears of each launched batch once, when its ids are read,
+    with its own shape (the same shapes as without overlap) and the wait for its ids: a
+    device that is slow on a prefill step (injected: reading that step's ids takes 50 ms
+    longer) shows in that step's duration, not in the decode step launched after it."""
+    requests = {f"r{i}": (p, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+                for i, p in enumerate(_prompts(2, 11))}
+    shapes = {}
+    for a in (False, True):
+        engine = make_engine(async_scheduling=a, max_num_batched_tokens=64)
+        launch = engine.runner.launch
+
+        def slow_prefill_ids(batch, launch=launch):
+            ids = launch(batch)
+            if batch.prefills:
+                read = ids.tolist
+                ids.tolist = lambda: (time.sleep(0.05), read())[1]
+            return ids
+        engine.runner.launch = slow_prefill_ids
+        steps = []
+        engine.step_observer = steps.append
+        _drive(engine, requests)
+        assert all(s.duration_s >= 0.05 for s in steps if s.num_prefill_tokens)
+        shapes[a] = [(s.batch_size, s.num_prefill_tokens, s.num_decode_tokens) for s in steps]
+    assert shapes[True] == shapes[False]
+    assert shapes[False][0][1] > 0 and shapes[False][-1][1] == 0
