@@ -27,7 +27,8 @@ PROMPTS = ("What is the capital of France?", "Write a short poem about the sea."
            "Explain what a KV cache is in one paragraph.", "List three uses of copper.")
 
 
-def _engines(source, kv_dtypes, dtype: str = "float32") -> dict[str, LLMEngine]:
+def _engines(source, kv_dtypes, dtype: str = "float32",
+             attention: str = "auto") -> dict[str, LLMEngine]:
     """One engine per KV dtype, all sharing the first one's model weights. The model runs
     in float32 so the baseline is the full-precision cache."""
     engines: dict[str, LLMEngine] = {}
@@ -35,15 +36,17 @@ def _engines(source, kv_dtypes, dtype: str = "float32") -> dict[str, LLMEngine]:
         model = next(iter(engines.values())).runner.model if engines else None
         # Dense weights in the model dtype: only the cache differs between the engines.
         cfg = EngineConfig(kv_cache_dtype=kv, kv_cache_memory_gib=0.25, dtype=dtype,
-                           weights_dtype=_DENSE[dtype], max_model_len=2048)
+                           weights_dtype=_DENSE[dtype], max_model_len=2048,
+                           attention=attention)
         engines[kv] = LLMEngine(cfg, source, model=model)
     return engines
 
 
 def perplexity_figures(source, text: str, kv_dtypes=KV_DTYPES,
-                       max_tokens: int | None = None) -> dict[str, dict]:
+                       max_tokens: int | None = None, attention: str = "auto") -> dict[str, dict]:
     """Per KV dtype: perplexity, and top-1 agreement / mean KL against the first dtype."""
-    return compare_perplexity(_engines(source, kv_dtypes), source.tokenizer, text, max_tokens)
+    return compare_perplexity(_engines(source, kv_dtypes, attention=attention),
+                              source.tokenizer, text, max_tokens)
 
 
 def compare_perplexity(engines: dict[str, LLMEngine], tokenizer, text: str,
@@ -72,9 +75,10 @@ def compare_perplexity(engines: dict[str, LLMEngine], tokenizer, text: str,
 
 
 def greedy_agreement(source, prompts=PROMPTS, max_tokens: int = 64,
-                     kv_dtypes=KV_DTYPES) -> dict[str, dict]:
+                     kv_dtypes=KV_DTYPES, attention: str = "auto") -> dict[str, dict]:
     """Greedy continuations of chat prompts: identical ones, and matching positions."""
-    return compare_greedy(_engines(source, kv_dtypes), source.tokenizer, prompts, max_tokens)
+    return compare_greedy(_engines(source, kv_dtypes, attention=attention), source.tokenizer,
+                          prompts, max_tokens)
 
 
 def compare_greedy(engines: dict[str, LLMEngine], tok, prompts=PROMPTS,
@@ -105,13 +109,19 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    ap.add_argument("--attention", default="auto",
+                    help="attention backend of every engine (triton on the CPU needs "
+                         "TRITON_INTERPRET=1: the kernels' own quantised reads, slowly)")
+    ap.add_argument("--skip-greedy", action="store_true", help="perplexity figures only")
     args = ap.parse_args(argv)
     from backend.weights.loader import load_model_source
 
     source = load_model_source(args.model)
-    result = {"model": source.name, "text": str(EVAL_TEXT.name),
-              "perplexity": perplexity_figures(source, EVAL_TEXT.read_text()),
-              "greedy": greedy_agreement(source)}
+    result = {"model": source.name, "text": str(EVAL_TEXT.name), "attention": args.attention,
+              "perplexity": perplexity_figures(source, EVAL_TEXT.read_text(),
+                                               attention=args.attention)}
+    if not args.skip_greedy:
+        result["greedy"] = greedy_agreement(source, attention=args.attention)
     emit_json(result, args.json)
 
 
