@@ -41,6 +41,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from backend.engine._tools import emit_json
 from backend.engine.config import EngineConfig
+from backend.engine.cuda_graph import count_gpu_ops
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import StepStats
 from backend.engine.sampling import SamplingParams
@@ -249,14 +250,12 @@ def _kernels_per_decode_step(engine: LLMEngine) -> int:
     engine.step()  # the prefill
     graphs, engine.runner.graphs = engine.runner.graphs, None
     try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            engine.step()
-            torch.cuda.synchronize()
+        count = count_gpu_ops(engine.step)
     finally:
         engine.runner.graphs = graphs
     while engine.has_unfinished():
         engine.step()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return count
 
 
 def bench_step_op_costs(tokens: tuple[int, ...] = (1, 64, 512), calls: int = 200) -> dict:

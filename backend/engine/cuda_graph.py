@@ -71,7 +71,7 @@ class DecodeGraphs:
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: allocator, kernel selection, Triton compilation
                 self._forward(b)
-            self.kernels_per_step[b] = _count_gpu_ops(lambda: self._forward(b))
+            self.kernels_per_step[b] = count_gpu_ops(lambda: self._forward(b))
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
@@ -102,7 +102,7 @@ class DecodeGraphs:
         return self.outputs[B][:b]
 
 
-def _count_gpu_ops(fn) -> int:
+def count_gpu_ops(fn) -> int:
     """GPU operations one call of ``fn`` launches (torch.profiler; 0 if it cannot trace)."""
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

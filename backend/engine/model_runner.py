@@ -151,10 +151,6 @@ class ModelRunner:
             self.last_sampled[:tokens.shape[0]].copy_(tokens)
             return SampledIds(tokens)
 
-    def run(self, batch: ScheduledBatch) -> list[int]:
-        """``launch`` and wait for the sampled ids (the step's one host sync)."""
-        return self.launch(batch).tolist()
-
     def prepare(self, batch: ScheduledBatch) -> tuple:
         """Flat inputs: (input_ids [T], positions [T], attn, metadata, logits_indices [N]),
         from one host array and one host-to-device copy."""
