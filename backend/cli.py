@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="turn off prefix caching over full KV blocks")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="capture decode steps in CUDA graphs (no-op on CPU)")
+    p.add_argument("--cuda-graph-max-tokens", type=int, default=2048, metavar="N",
+                   help="also capture steps carrying up to N prefill tokens (prompts, and "
+                        "prompt chunks beside decodes; triton attention), in token buckets "
+                        "up to the prefill budget; 0: decode steps only "
+                        "(default: %(default)s)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the work between attention calls (default: off; "
                         "on CUDA the fused Triton kernels measured faster)")
@@ -93,7 +98,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         weights_dtype=args.weights_dtype, int4_group_size=args.int4_group_size,
         lm_head_dtype=args.lm_head_dtype,
         kv_cache_memory_gib=args.kv_cache_memory, block_size=args.block_size,
-        cuda_graph=args.cuda_graph, nvtx=args.nvtx, nvtx_prefix=args.nvtx_prefix,
+        cuda_graph=args.cuda_graph, cuda_graph_max_tokens=args.cuda_graph_max_tokens,
+        nvtx=args.nvtx, nvtx_prefix=args.nvtx_prefix,
         max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
         compile=args.compile, fused_ops=args.fused_ops, async_scheduling=args.async_scheduling,
         max_prefill_tokens=args.max_prefill_tokens, prefill_priority=args.prefill_priority)

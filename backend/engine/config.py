@@ -36,6 +36,8 @@ class EngineConfig(Schema):
     kv_cache_memory_gib: float | None = Field(None, gt=0)  # None = sized from free memory
     block_size: int = Field(16, ge=1)  # tokens per KV block
     cuda_graph: bool = True  # capture decode steps on CUDA; no-op on CPU
+    # ... and steps carrying up to this many prefill tokens (triton attention; 0 = none)
+    cuda_graph_max_tokens: int = Field(2048, ge=0)
     nvtx: bool = False  # emit NVTX ranges (schedule/prefill/decode/sample)
     nvtx_prefix: str = "infer"
     max_model_len: int | None = Field(None, ge=1)  # None = the model's max_position_embeddings

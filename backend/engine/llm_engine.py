@@ -282,7 +282,7 @@ class LLMEngine:
                              _timings(seq) if finished else None)
 
     def stats(self) -> EngineStats:
-        bm = self.block_manager
+        bm, graphs = self.block_manager, self.runner.graphs
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting),
                            bm.num_used, bm.num_blocks, self.scheduler.preemptions_total,
                            self.prompt_tokens_total, self.generation_tokens_total,
@@ -291,8 +291,9 @@ class LLMEngine:
                            *self.runner.weights_info(),
                            compile=self.runner.compile_info.as_dict(),
                            async_scheduling=self.async_scheduling,
-                           decode_kernels_per_step=dict(self.runner.graphs.kernels_per_step)
-                           if self.runner.graphs is not None else {})
+                           decode_kernels_per_step=dict(graphs.kernels_per_step)
+                           if graphs is not None else {},
+                           cuda_graphs=graphs.describe() if graphs is not None else None)
 
     @torch.inference_mode()
     def score(self, token_ids: list[int]) -> torch.Tensor:

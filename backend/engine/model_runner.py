@@ -10,13 +10,13 @@ import os
 import torch
 
 from backend.engine.config import EngineConfig
-from backend.engine.cuda_graph import DecodeGraphs
+from backend.engine.cuda_graph import StepGraphs
 from backend.engine.kernels import probe_attention_kernel, resolve_attention
 from backend.engine.nvtx import NvtxRanges
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import ScheduledBatch
 from backend.engine.step_ops import apply_step_ops, resolve_step_ops
-from backend.engine.step_inputs import build_step, split_on_device
+from backend.engine.step_inputs import HostStep, build_step, split_on_device
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache, bytes_per_block
 from backend.layers.linear import WeightFormat, resolve_weight_format
@@ -99,7 +99,14 @@ class ModelRunner:
                                         device=self.device)
         self.graphs = None
         if config.cuda_graph and self.device.type == "cuda":
-            self.graphs = DecodeGraphs(self, max_batch=config.max_num_seqs)
+            self.graphs = StepGraphs(self, config.max_num_seqs, self.graph_prefill_tokens(),
+                                     mixed=self.attention == "triton")
+
+    def graph_prefill_tokens(self) -> int:
+        """The largest prefill token bucket captured in CUDA graphs: the step's prefill
+        budget, capped by ``cuda_graph_max_tokens`` (0: decode graphs only)."""
+        c = self.config
+        return min(c.cuda_graph_max_tokens, c.max_prefill_tokens or c.max_num_batched_tokens)
 
     def weights_info(self) -> tuple[str, str, str]:
         """(linear weights' format, the kernel that runs them, the LM head's format)."""
@@ -137,12 +144,14 @@ class ModelRunner:
         decodes, then finishing prefills) are read with ``SampledIds.tolist()``."""
         stage = "decode" if not batch.prefills else "prefill"
         with self.nvtx.range(stage):
-            if self.graphs is not None and not batch.prefills and self.graphs.can_run(batch):
+            host = build_step(batch, self.block_size)
+            logits = None
+            if self.graphs is not None:
                 with self.nvtx.range("forward"):
-                    logits = self.graphs.run(batch)
-            else:
+                    logits = self.graphs.run(host, len(batch.decodes), len(batch.prefills))
+            if logits is None:  # no graph holds this step's shape
                 with self.nvtx.range("prepare"):
-                    inputs = self.prepare(batch)
+                    inputs = self.prepare(batch, host)
                 with self.nvtx.range("forward"):
                     logits = self.model.forward(*inputs)
         with self.nvtx.range("sample"):
@@ -151,10 +160,10 @@ class ModelRunner:
             self.last_sampled[:tokens.shape[0]].copy_(tokens)
             return SampledIds(tokens)
 
-    def prepare(self, batch: ScheduledBatch) -> tuple:
+    def prepare(self, batch: ScheduledBatch, host: HostStep | None = None) -> tuple:
         """Flat inputs: (input_ids [T], positions [T], attn, metadata, logits_indices [N]),
-        from one host array and one host-to-device copy."""
-        host = build_step(batch, self.block_size)
+        from one host array (``build_step``, unless given) and one host-to-device copy."""
+        host = host if host is not None else build_step(batch, self.block_size)
         dev = split_on_device(host, self.device, self.last_sampled)
         meta = AttentionMetadata(
             slot_mapping=dev.slot_mapping, block_tables=dev.block_tables,

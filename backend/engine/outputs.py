@@ -47,6 +47,8 @@ class EngineStats:
     # GPU operations (kernels, copies) of one captured decode forward, per graph batch size;
     # empty without CUDA graphs
     decode_kernels_per_step: dict[int, int] = field(default_factory=dict)
+    # the step shapes captured in CUDA graphs (StepGraphs.describe()); None without graphs
+    cuda_graphs: dict | None = None
 
 
 @dataclass

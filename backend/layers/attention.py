@@ -51,10 +51,19 @@ class AttentionMetadata:
     # longest / shortest decode context; None inside CUDA graphs (any length up to W blocks)
     max_decode_context: int | None = None
     min_decode_context: int | None = None
+    # CUDA graphs of prefill steps have no host spans: the longest chunk they hold (their
+    # prefill token bucket), with the chunks themselves only in query_start_loc
+    prefill_query_len: int | None = None
     extra: dict = field(default_factory=dict)  # backend-specific, filled by prepare()
 
     @property
+    def has_prefill(self) -> bool:
+        return bool(self.prefill_spans) or self.prefill_query_len is not None
+
+    @property
     def max_query_len(self) -> int:
+        if self.prefill_query_len is not None:
+            return self.prefill_query_len
         return max((n for _, n, _ in self.prefill_spans), default=1)
 
 
@@ -124,7 +133,7 @@ class Attention:
         if d:
             meta.extra["splits"] = triton_attention.decode_splits(
                 d, self.num_kv_heads, meta.max_decode_context, meta.block_tables.device)
-        if meta.prefill_spans:
+        if meta.has_prefill:
             # prefill rows of the tables, and query offsets relative to the flat batch;
             # copied when decodes come first: a view d rows in is 16-byte aligned only for
             # some d, and Triton compiles a kernel variant per alignment of its pointers
@@ -132,6 +141,9 @@ class Attention:
             meta.extra["prefill"] = tuple(t.clone() for t in rows) if d else rows
 
     def _prepare_dense(self, meta: AttentionMetadata) -> None:
+        if meta.prefill_query_len is not None and not meta.prefill_spans:
+            raise ValueError(f"attention {self.backend!r} needs the prefill chunks on the "
+                             "host (no prefill CUDA graphs)")
         bs, dev = self.kv_cache.block_size, meta.block_tables.device
         dtype = self.kv_cache.model_dtype
         d = meta.num_decode
@@ -183,7 +195,7 @@ class Attention:
             triton_attention.paged_decode(
                 q[:d], data, scales, meta.block_tables, meta.context_lens, out, self.scale,
                 cache.block_size, cache.kv_cache_dtype, meta.extra["splits"])
-        if meta.prefill_spans:
+        if meta.has_prefill:
             tables, lens, starts = meta.extra["prefill"]
             triton_attention.paged_prefill(
                 q, data, scales, tables, lens, starts, meta.max_query_len, out, self.scale,

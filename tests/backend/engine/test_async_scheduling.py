@@ -14,12 +14,12 @@ import torch
 
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
-from backend.engine.cuda_graph import DecodeGraphs
+from backend.engine.cuda_graph import StepGraphs
 from backend.engine.sampling import SamplingParams
 from backend.engine.step_inputs import build_step, pending_token, split_on_device
 from backend.engine.scheduler import ScheduledBatch
 from backend.engine.sequence import Sequence
-from backend.layers.attention import Attention, AttentionMetadata
+from backend.layers.attention import Attention, AttentionMetadata, triton_attention
 from tests.backend.tiny_models import source_from_hf
 
 
@@ -232,20 +232,29 @@ class _EagerReplay:
     """Stands in for a captured CUDA graph on the CPU: a replay re-runs the forward on the
     graphs' fixed input buffers and writes the fixed output, as a graph replay would."""
 
-    def __init__(self, graphs: DecodeGraphs, b: int) -> None:
-        self.graphs, self.b = graphs, b
+    replays: list[tuple[int, int]] = []
+
+    def __init__(self, graphs: StepGraphs, key: tuple[int, int]) -> None:
+        self.graphs, self.key = graphs, key
 
     def replay(self) -> None:
-        self.graphs.outputs[self.b].copy_(self.graphs._forward(self.b))
+        self.replays.append(self.key)
+        self.graphs.outputs[self.key].copy_(self.graphs._forward(self.key))
 
 
-class _CpuGraphs(DecodeGraphs):
-    def _capture(self, b: int) -> None:
-        self.outputs[b] = self._forward(b)
-        self.graphs[b] = _EagerReplay(self, b)
+class _CpuGraphs(StepGraphs):
+    def _capture(self, key: tuple[int, int]) -> None:
+        self.outputs[key] = self._forward(key)
+        self.graphs[key] = _EagerReplay(self, key)
 
 
-def test_graph_inputs_staging_gives_identical_tokens(make_engine) -> None:
+@pytest.fixture
+def replays():
+    _EagerReplay.replays = []
+    yield _EagerReplay.replays
+
+
+def test_graph_inputs_staging_gives_identical_tokens(make_engine, replays) -> None:
     """The decode-graph path (one staging buffer, packed block tables, padded rows,
     pending ids resolved inside the graph) gives the tokens of the eager path, with the
     graphs' forward run eagerly on the CPU."""
@@ -255,14 +264,34 @@ def test_graph_inputs_staging_gives_identical_tokens(make_engine) -> None:
     eager = make_engine(async_scheduling=False).generate(prompts, plist)
     engine = make_engine(async_scheduling=True, block_size=4)
     engine.runner.graphs = _CpuGraphs(engine.runner, max_batch=8)
-    replays = []
-    replay = _EagerReplay.replay
-    _EagerReplay.replay = lambda self: (replays.append(self.b), replay(self))[1]
-    try:
-        assert engine.generate(prompts, plist) == eager
-    finally:
-        _EagerReplay.replay = replay
-    assert {8, 4, 2, 1} <= set(replays)  # padded rows in use (5 decodes replay size 8)
+    assert engine.generate(prompts, plist) == eager
+    assert {8, 4, 2, 1} <= {b for b, _ in replays}  # padded rows (5 decodes replay size 8)
+    assert all(p == 0 for _, p in replays)  # sdpa: prefill steps run eagerly
+
+
+@pytest.mark.skipif(triton_attention is None, reason="triton not installed")
+def test_prefill_graphs_give_identical_tokens(make_engine, replays) -> None:
+    """Steps carrying prefill chunks (prompts alone, chunks beside decodes, several chunks,
+    a prefix-cache hit) replay the graph of their padded shape (decode rows padded, prefill
+    tokens padded to a bucket, empty chunk slots) and give the eager path's tokens."""
+    shared = list(range(40, 72))  # two sequences share 32 tokens: a prefix-cache hit
+    prompts = _prompts(4, seed=5) + [shared + [9, 8, 7], shared + [3]]
+    plist = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+             for n in (4, 7, 3, 6, 5, 4)]
+    kw = dict(attention="triton", block_size=4, max_num_batched_tokens=48, max_num_seqs=8)
+    eager = make_engine(async_scheduling=False, cuda_graph=False, **kw)
+    want = {i: eager.generate([p], [s])[0] for i, (p, s) in enumerate(zip(prompts, plist))}
+    engine = make_engine(async_scheduling=True, **kw)
+    engine.runner.graphs = graphs = _CpuGraphs(engine.runner, 8, max_prefill_tokens=48,
+                                               mixed=True)
+    assert graphs.prefill_tokens == [32, 48] and graphs.mixed_decodes == [0, 8]
+    requests = {str(i): (p, s) for i, (p, s) in enumerate(zip(prompts, plist))}
+    # arrivals spread over steps, so chunks run beside decodes
+    got = _drive(engine, requests, adds={0: ["0", "1"], 2: ["2", "3", "4"], 5: ["5"]})
+    assert {rid: tokens for rid, (tokens, _, _) in got.items()} == \
+        {str(i): want[i] for i in want}
+    prefill_keys = {k for k in replays if k[1]}
+    assert any(b == 0 for b, _ in prefill_keys) and any(b > 0 for b, _ in prefill_keys)
 
 
 def test_step_stats_name_the_batch_each_duration_belongs_to(make_engine) -> None:
