@@ -319,6 +319,13 @@ def bench_engine(attention: str, long_context: bool, step_ops: str | None = None
         engine.generate(_prompts(n, 512, 90 + n), warm)
     steps.by_shape.clear()
     res["ttft_512_ms"], res["ttft_512_all_ms"] = _ttft_ms(engine)
+    graphs = engine.runner.graphs
+    if graphs is not None and graphs.prefill_tokens:
+        res["cuda_graphs"] = graphs.describe()
+        # the same engine with its prefill steps run eagerly (no bucket holds them)
+        buckets, graphs.prefill_tokens = graphs.prefill_tokens, []
+        res["ttft_512_eager_prefill_ms"], _ = _ttft_ms(engine)
+        graphs.prefill_tokens = buckets
     res["tpot_batch1_ms"] = _decode_ms(engine, 1, 512, 64, 1)
     res["tpot_batch64_ms"] = _decode_ms(engine, 64, 512, 64, 2)
     res["tok_s_batch64"] = 64 / res["tpot_batch64_ms"] * 1e3
