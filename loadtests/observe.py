@@ -86,6 +86,7 @@ class GpuSamples:
     available: bool
     reason: str | None = None
     name: str | None = None
+    t_unix: list[float] = field(default_factory=list)  # wall time of each sample
     util_pct: list[float] = field(default_factory=list)
     mem_used_mib: list[float] = field(default_factory=list)
     mem_total_mib: float | None = None
@@ -108,7 +109,11 @@ class GpuSamples:
         return {"available": True, "name": self.name,
                 "util_pct": summarize(self.util_pct).to_dict(),
                 "mem_used_mib": summarize(self.mem_used_mib).to_dict(),
-                "mem_total_mib": self.mem_total_mib, "gpm": self.gpm_summary()}
+                "mem_total_mib": self.mem_total_mib, "gpm": self.gpm_summary(),
+                # the raw series, so a figure can be taken over any window afterwards
+                "series": {"t_unix": self.t_unix, "util_pct": self.util_pct,
+                           "sm_active_pct": self.sm_active_pct
+                           if self.gpm_reason is None else []}}
 
 
 class GpuSampler:
@@ -152,6 +157,7 @@ class GpuSampler:
         while not self._stop.wait(self._interval):
             util = [pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in handles]  # type: ignore[attr-defined]
             mem = [pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]  # type: ignore[attr-defined]
+            self.samples.t_unix.append(time.time())
             self.samples.util_pct.append(sum(util) / len(util))
             self.samples.mem_used_mib.append(sum(mem) / 2**20)
             if self._gpm:
@@ -172,6 +178,21 @@ class GpuSampler:
         for d in self._gpm:
             d.close()
         return self.samples
+
+
+def window_means(gpu: dict, t0: float, t1: float) -> dict[str, float | int | None]:
+    """GPU-Util and SM-active means over the samples taken between ``t0`` and ``t1`` (unix
+    seconds) of a ``GpuSamples.summary()``: the figure of a loaded window, without the load
+    generator's start-up and drain around it."""
+    series = (gpu or {}).get("series") or {}
+    t = series.get("t_unix") or []
+    inside = [i for i, ts in enumerate(t) if t0 <= ts <= t1]
+    out: dict[str, float | int | None] = {"samples": len(inside)}
+    for name in ("util_pct", "sm_active_pct"):
+        values = series.get(name) or []
+        got = [values[i] for i in inside if i < len(values)]
+        out[name] = sum(got) / len(got) if got else None
+    return out
 
 
 def wait_http_ok(url: str, timeout_s: float, interval_s: float = 0.5) -> bool:

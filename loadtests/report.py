@@ -75,6 +75,10 @@ def chart_throughput(rows: list[dict], path: str) -> str:
     ax2 = ax.twinx()
     if any(u is not None for u in util):
         ax2.plot(sizes, [_nan(u) for u in util], "s--", color="black", label="GPU-Util %")
+        loaded = [r.get("gpu_util_loaded_mean_pct") for r in rows]
+        if any(u is not None for u in loaded):
+            ax2.plot(sizes, [_nan(u) for u in loaded], "s-", color="gray",
+                     label="GPU-Util % (loaded window)")
         ax2.set_ylim(0, 100)
         ax2.set_ylabel("GPU-Util / SM active (%)")
         _plot_sm_activity(ax, ax2, rows, sizes)
@@ -179,7 +183,9 @@ _COLUMNS = (("batch_size", "batch"), ("status", "status"), ("requests_ok", "ok")
             ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
             ("ttft_count", "n"), ("tpot_p50_ms", "TPOT p50 ms"), ("e2e_p50_ms", "E2E p50 ms"),
             ("output_tok_s", "out tok/s"), ("goodput_req_s", "goodput req/s"),
-            ("gpu_util_mean_pct", "GPU-Util %"), ("gpu_sm_active_mean_pct", "SM active %"),
+            ("gpu_util_mean_pct", "GPU-Util %"),
+            ("gpu_util_loaded_mean_pct", "GPU-Util % (loaded)"),
+            ("gpu_sm_active_mean_pct", "SM active %"),
             ("generator_saturated", "gen. saturated"))
 
 

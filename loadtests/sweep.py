@@ -129,6 +129,22 @@ def _gpm_mean(gpu: dict, name: str) -> float | None:
     return gpm[name]["mean"] if gpm.get("available") else None
 
 
+def _loaded_gpu(ok: list, gpu: dict) -> dict:
+    """GPU-Util and SM activity over the loaded window: from the first measured request's
+    send to the last one's end. The whole-step means above also hold Locust's start-up,
+    the warm-up ramp and the drain, when fewer than ``batch`` requests are in flight."""
+    spans = [(r.t_start_unix, r.t_start_unix + r.e2e_s) for r in ok
+             if r.t_start_unix and r.e2e_s is not None]
+    if not spans or not gpu.get("available"):
+        return {"gpu_util_loaded_mean_pct": None, "gpu_sm_active_loaded_mean_pct": None,
+                "gpu_loaded_window_s": None, "gpu_loaded_samples": 0}
+    t0, t1 = min(a for a, _ in spans), max(b for _, b in spans)
+    w = observe.window_means(gpu, t0, t1)
+    return {"gpu_util_loaded_mean_pct": w["util_pct"],
+            "gpu_sm_active_loaded_mean_pct": w["sm_active_pct"],
+            "gpu_loaded_window_s": t1 - t0, "gpu_loaded_samples": w["samples"]}
+
+
 def build_row(cfg: SweepConfig, batch: int, records_path: str, rc: int, gpu: dict,
               metrics: dict | None, gw_log: dict[str, dict]) -> dict:
     """One results row (units in the names) from a step's raw records and observations."""
@@ -177,6 +193,7 @@ def build_row(cfg: SweepConfig, batch: int, records_path: str, rc: int, gpu: dic
         "gpu_sm_active_mean_pct": _gpm_mean(gpu, "sm_active_pct"),
         "gpu_tensor_active_mean_pct": _gpm_mean(gpu, "tensor_active_pct"),
         "gpu_dram_bw_mean_pct": _gpm_mean(gpu, "dram_bw_pct"),
+        **_loaded_gpu(ok, gpu),
         "generator_saturated": gen.get("saturated"),
         "generator_reasons": "; ".join(gen.get("reasons") or []),
         "timing_noise": "; ".join(gen.get("timing_noise") or []),

@@ -52,3 +52,23 @@ def test_chart_shows_sm_activity_or_says_why_not(tmp_path):
     for rows, name in ((with_gpm, "a.png"), (without, "b.png")):
         path = report.chart_throughput(rows, str(tmp_path / name))
         assert (tmp_path / name).stat().st_size > 5000, path
+
+
+def test_loaded_window_leaves_out_start_up_and_drain():
+    """The loaded-window figures average only the samples between the first measured send
+    and the last measured end; the whole-step mean keeps the idle start-up and drain."""
+    from loadtests.sse import RequestRecord
+    from loadtests.sweep import _loaded_gpu
+
+    gpu = sample(FakeNvml([BUSY] * 10_000, util=98.0), wait_for=3)
+    assert len(gpu["series"]["t_unix"]) == len(gpu["series"]["util_pct"]) >= 3
+    t = [100.0 + i for i in range(10)]
+    gpu["series"] = {"t_unix": t, "util_pct": [0, 0, 90, 100, 100, 96, 0, 0, 0, 0],
+                     "sm_active_pct": [0, 0, 40, 50, 50, 40, 0, 0, 0, 0]}
+    ok = [RequestRecord(request_id="a", model="m", t_start_unix=102.0, e2e_s=1.5),
+          RequestRecord(request_id="b", model="m", t_start_unix=103.0, e2e_s=2.2)]
+    row = _loaded_gpu(ok, gpu)
+    assert row["gpu_util_loaded_mean_pct"] == pytest.approx(96.5)  # samples at 102..105
+    assert row["gpu_sm_active_loaded_mean_pct"] == pytest.approx(45.0)
+    assert row["gpu_loaded_samples"] == 4 and row["gpu_loaded_window_s"] == pytest.approx(3.2)
+    assert _loaded_gpu([], gpu)["gpu_util_loaded_mean_pct"] is None
