@@ -31,6 +31,9 @@ def test_flags_map_onto_engine_and_server_config():
         256, False)
     d = config_from_args(build_parser().parse_args([]))
     assert d.model == "smollm2-135m-instruct" and d.port == 8000 and d.engine.cuda_graph
+    assert d.engine.cuda_graph_max_tokens == 2048
+    assert config_from_args(build_parser().parse_args(
+        ["--cuda-graph-max-tokens", "0"])).engine.cuda_graph_max_tokens == 0
     assert (d.engine.weights_dtype, d.engine.int4_group_size, d.engine.lm_head_dtype) == (
         "auto", 32, "model")
     q = config_from_args(build_parser().parse_args([
@@ -42,7 +45,8 @@ def test_flags_map_onto_engine_and_server_config():
 def test_bad_flags_are_usage_errors():
     for argv in (["--attention", "flash"], ["--block-size", "0"], ["--port", "70000"],
                  ["--weights-dtype", "int3"], ["--int4-group-size", "48"],
-                 ["--max-prefill-tokens", "4096"], ["--scheduling", "static", "--prefill-priority"]):
+                 ["--max-prefill-tokens", "4096"], ["--cuda-graph-max-tokens", "-1"],
+                 ["--scheduling", "static", "--prefill-priority"]):
         r = subprocess.run([sys.executable, "-m", "backend", *argv], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and "error" in r.stderr, argv
@@ -77,8 +81,8 @@ def test_cli_serves_and_stops_on_sigterm():
         assert (health["weights_dtype"], health["linear_kernel"], health["lm_head_dtype"]) == (
             "int4-g32", "torch._weight_int4pack_mm_for_cpu", "int8")
         # overlap scheduling asked for on the CPU (its default there is off); no graphs
-        assert (health["engine"]["async_scheduling"],
-                health["engine"]["decode_kernels_per_step"]) == (True, {})
+        assert (health["engine"]["async_scheduling"], health["engine"]["cuda_graphs"],
+                health["engine"]["decode_kernels_per_step"]) == (True, None, {})
         # the step policy the scheduler runs, in the engine section
         policy = ("scheduling", "max_num_batched_tokens", "max_prefill_tokens",
                   "prefill_priority")
