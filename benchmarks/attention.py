@@ -156,28 +156,27 @@ def check_quantised_decode(kinds: list[str]) -> dict:
     res = {}
     for kind in kinds:
         cache = KVCache(1, sum(nb) + 3, BS, 8, HD, torch.bfloat16, kind, DEV)
-        perm = torch.randperm(sum(nb) + 3, device=DEV, generator=gen).tolist()
+        scales = None if cache.scales is None else cache.scales[0]
+        perm = torch.randperm(sum(nb) + 3, device=DEV, generator=gen).to(torch.int32)
         tables = torch.zeros(len(lens), max(nb), dtype=torch.int32, device=DEV)
-        worst = 0.0
-        q = torch.randn(len(lens), 32, HD, device=DEV, generator=gen, dtype=torch.bfloat16)
+        slots_of = []
         for i, n in enumerate(lens):
-            tables[i, :nb[i]] = torch.tensor(perm[:nb[i]], dtype=torch.int32)
-            perm = perm[nb[i]:]
-        slots_of = [(tables[i, torch.arange(n, device=DEV) // BS].long() * BS
-                     + torch.arange(n, device=DEV) % BS) for i, n in enumerate(lens)]
-        for i, n in enumerate(lens):
+            first = sum(nb[:i])
+            tables[i, :nb[i]] = perm[first:first + nb[i]]
+            pos = torch.arange(n, device=DEV)
+            slots_of.append(tables[i, pos // BS].long() * BS + pos % BS)  # [n]
             kv = torch.randn(n, 2, 8, HD, device=DEV, generator=gen, dtype=torch.bfloat16)
-            triton_attention.store_kv(kv[:, 0], kv[:, 1], slots_of[i], cache.data[0],
-                                      None if cache.scales is None else cache.scales[0],
+            triton_attention.store_kv(kv[:, 0], kv[:, 1], slots_of[i], cache.data[0], scales,
                                       kind, BS)
+        q = torch.randn(len(lens), 32, HD, device=DEV, generator=gen, dtype=torch.bfloat16)
         out = torch.empty_like(q)
         ctx = torch.tensor(lens, dtype=torch.int32, device=DEV)
+        worst = 0.0
         for splits in (1, 4):
-            triton_attention.paged_decode(q, cache.data[0], None if cache.scales is None
-                                          else cache.scales[0], tables, ctx, out,
+            triton_attention.paged_decode(q, cache.data[0], scales, tables, ctx, out,
                                           HD ** -0.5, BS, kind, splits)
-            for i, n in enumerate(lens):
-                kv = cache.gather(0, slots_of[i]).float()  # [n, 2, 8, hd]
+            for i, slots in enumerate(slots_of):
+                kv = cache.gather(0, slots).float()  # [n, 2, 8, hd]
                 qg = q[i].float().view(8, 4, HD)  # [kvh, group, hd]
                 w = torch.softmax(torch.einsum("hgd,nhd->hgn", qg, kv[:, 0]) * HD ** -0.5, -1)
                 ref = torch.einsum("hgn,nhd->hgd", w, kv[:, 1]).reshape(32, HD)

@@ -66,7 +66,7 @@ def _kv_tile(cache_ptr, bt_row, n, nmask, end, head, d, dmask, stride_cs, stride
              V_T: tl.constexpr, cdt: tl.constexpr):
     """K and V rows [BLOCK_N, HD_PAD] of positions n < end (through the block table,
     widened to cdt) and their slots [BLOCK_N]. With V_T (int8 caches) V is stored
-    transposed within each block (``kv_cache.v_transposed_offsets``): its tile is loaded as
+    transposed within each block (``kv_cache.v_transposed_index``): its tile is loaded as
     [HD_PAD, BLOCK_N] with whole blocks' tokens contiguous, so the narrow values arrive in
     16-byte copies and reach ``tl.dot`` in the layout it reads as B without byte-wise
     shared-memory loads. Its positions past ``end`` read the last page again (finite
@@ -210,6 +210,7 @@ def _decode_kernel(
                 mask=(g[:, None] < GROUP) & dmask[None, :], other=0.0)  # [G_PAD, HD_PAD]
     cdt: tl.constexpr = tl.float32 if UPCAST else q.dtype
     q = q.to(cdt)
+
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HD_PAD], tl.float32)
