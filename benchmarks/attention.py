@@ -2,13 +2,17 @@
 then the engine (LLMEngine driven directly) on synthetic Llama-2-7B shapes, in one run.
 
     python -m benchmarks.attention [--json PATH] [--sections decode,prefill,engine,engine_kv]
-                                   [--sweep]
+                                   [--sweep] [--decode-grid B,..:CTX,..:KV,..]
+                                   [--engine-kv KV,..]
 
 1. Copy bandwidth: a 4 GiB device-to-device copy, (read + written bytes) / time.
 2. Paged decode (one layer, 32 query / 32 KV heads, head_dim 128, block 16, scrambled
    blocks): batch 1/8/64 x context 512/4k/32k x KV bf16/int8/fp8_e4m3. Achieved bandwidth
    = K/V bytes read (scales included) / time, beside the copy bandwidth. Timed with
-   ``triton.testing.do_bench`` (L2 flushed before every call).
+   ``triton.testing.do_bench`` (L2 flushed before every call). First, a correctness check
+   on the GPU: store kernel + decode kernel against softmax over the torch dequantising
+   gather, per KV dtype (max |difference|). ``--sweep`` adds tile / warp / pipeline-depth
+   / split variants at batch 64 x 4k, each with its max |difference| from the default.
 3. Prefill (one layer, 32 heads, head_dim 128, causal, bf16): ours over the paged cache
    against SDPA restricted to flash on the same shapes laid out contiguously; TFLOP/s from
    the causal FLOP count (4 * hd * heads * sum(n (n + 1) / 2)).
@@ -16,7 +20,8 @@ then the engine (LLMEngine driven directly) on synthetic Llama-2-7B shapes, in o
    prompts, 64 new tokens, context about 544), TTFT of one 512-token prompt, ms per decode
    step at batch 32 / context 512 with max_model_len 1k and 32k, and the slowest step over
    the median of the steps with the same token count; for the triton and sdpa backends.
-5. Engine ms per decode step at batch 32, context about 4k, bf16 against int8 KV (triton).
+5. Engine ms per decode step at batch 32, context about 4k, bf16 against int8 (and with
+   ``--engine-kv``, fp8) KV (triton).
 
 ``--step-ops eager,triton,compile`` runs the engine section (triton attention) once per
 way of running the work between attention calls (``backend.engine.step_ops``) and adds
@@ -47,7 +52,7 @@ from backend.engine.outputs import StepStats
 from backend.engine.sampling import SamplingParams
 from backend.engine.step_ops import STEP_OPS_FIELDS
 from backend.layers import fused_ops, triton_attention
-from backend.layers.kv_cache import kv_storage_dtype
+from backend.layers.kv_cache import KVCache, kv_storage_dtype
 from backend.weights.loader import synthetic_source
 
 H, KVH, HD, BS = 32, 32, 128, 16  # Llama-2-7B attention
@@ -84,16 +89,23 @@ def _paged(batch: int, ctx: int, kind: str, gen: torch.Generator):
     return cache, scales, tables
 
 
-_SWEEP_SHAPES = ((1, 512), (64, 512), (64, 4096), (1, 32768))
+_SWEEP_SHAPES = ((64, 4096),)
 
 
-def _decode_configs(batch: int, ctx: int, splits: int, sweep: bool) -> list[dict]:
-    """The engine's defaults first; with sweep, other tiles, warps, dot use and splits."""
+def _decode_configs(batch: int, ctx: int, splits: int, sweep: bool, kind: str) -> list[dict]:
+    """The engine's defaults first; with sweep, other tiles, warps, pipeline depths and
+    splits."""
     configs = [dict(num_splits=splits)]
-    if sweep and (batch, ctx) in _SWEEP_SHAPES:
-        configs += [dict(num_splits=splits, block_n=bn, num_warps=w)
-                    for bn in (64, 128) for w in (4, 8)]
-        configs += [dict(num_splits=sp) for sp in (splits // 4, splits // 2, splits * 2)
+    if not (sweep and (batch, ctx) in _SWEEP_SHAPES):
+        return configs
+    stages = triton_attention.DECODE_STAGES[kind]
+    configs += [dict(num_splits=splits, block_n=bn, num_warps=w) for bn, w in
+                (((64, 8), (128, 4)) if kind == "auto" else ((64, 4), (256, 4)))]
+    configs += [dict(num_splits=splits, num_stages=st) for st in (2, 3, 4)
+                if st != stages and (kind != "auto" or st == 3)]
+    if kind != "auto":
+        configs += [dict(num_splits=splits, block_n=bn, num_stages=3) for bn in (64, 256)]
+        configs += [dict(num_splits=sp) for sp in (splits // 2, splits * 2)
                     if 1 <= sp <= 64 and sp != splits]
     return configs
 
@@ -112,13 +124,18 @@ def bench_decode(batches: list[int], contexts: list[int], kinds: list[str],
                 splits = triton_attention.decode_splits(batch, KVH, ctx, DEV)
                 elem = cache.element_size()
                 read = batch * ctx * 2 * KVH * (HD * elem + (4 if scales is not None else 0))
-                for i, cfg in enumerate(_decode_configs(batch, ctx, splits, sweep)):
+                first = None
+                for i, cfg in enumerate(_decode_configs(batch, ctx, splits, sweep, kind)):
                     fn = partial(triton_attention.paged_decode,
                                  q, cache, scales, tables, lens, out, HD ** -0.5, BS, kind, **cfg)
                     ms = triton.testing.do_bench(fn, warmup=10, rep=50)
                     row = {"kv": kind, "batch": batch, "context": ctx, "default": i == 0,
                            **cfg, "us": ms * 1e3, "kv_bytes": read,
                            "gb_s": read / (ms * 1e-3) / 1e9}
+                    if i == 0:
+                        first = out.float().clone()
+                    else:
+                        row["max_abs_diff_vs_default"] = (out.float() - first).abs().max().item()
                     if i == 0 and read < 2**25:  # small: launch-bound; also inside a graph
                         row["us_in_cuda_graph_l2_warm"] = \
                             triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
@@ -126,6 +143,46 @@ def bench_decode(batches: list[int], contexts: list[int], kinds: list[str],
                 del cache, scales
                 torch.cuda.empty_cache()
     return rows
+
+
+def check_quantised_decode(kinds: list[str]) -> dict:
+    """On the GPU, the store kernel then the decode kernel (each cache layout as the
+    engine uses it) against softmax attention over ``KVCache.gather`` (the torch
+    dequantising reference): max |difference| per KV dtype, scattered blocks, contexts
+    not multiples of the block."""
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    lens = [1, 15, 16, 17, 300, 1029]
+    nb = [-(-n // BS) for n in lens]
+    res = {}
+    for kind in kinds:
+        cache = KVCache(1, sum(nb) + 3, BS, 8, HD, torch.bfloat16, kind, DEV)
+        scales = None if cache.scales is None else cache.scales[0]
+        perm = torch.randperm(sum(nb) + 3, device=DEV, generator=gen).to(torch.int32)
+        tables = torch.zeros(len(lens), max(nb), dtype=torch.int32, device=DEV)
+        slots_of = []
+        for i, n in enumerate(lens):
+            first = sum(nb[:i])
+            tables[i, :nb[i]] = perm[first:first + nb[i]]
+            pos = torch.arange(n, device=DEV)
+            slots_of.append(tables[i, pos // BS].long() * BS + pos % BS)  # [n]
+            kv = torch.randn(n, 2, 8, HD, device=DEV, generator=gen, dtype=torch.bfloat16)
+            triton_attention.store_kv(kv[:, 0], kv[:, 1], slots_of[i], cache.data[0], scales,
+                                      kind, BS)
+        q = torch.randn(len(lens), 32, HD, device=DEV, generator=gen, dtype=torch.bfloat16)
+        out = torch.empty_like(q)
+        ctx = torch.tensor(lens, dtype=torch.int32, device=DEV)
+        worst = 0.0
+        for splits in (1, 4):
+            triton_attention.paged_decode(q, cache.data[0], scales, tables, ctx, out,
+                                          HD ** -0.5, BS, kind, splits)
+            for i, slots in enumerate(slots_of):
+                kv = cache.gather(0, slots).float()  # [n, 2, 8, hd]
+                qg = q[i].float().view(8, 4, HD)  # [kvh, group, hd]
+                w = torch.softmax(torch.einsum("hgd,nhd->hgn", qg, kv[:, 0]) * HD ** -0.5, -1)
+                ref = torch.einsum("hgn,nhd->hgd", w, kv[:, 1]).reshape(32, HD)
+                worst = max(worst, (out[i].float() - ref).abs().max().item())
+        res[kind] = worst
+    return res
 
 
 def _causal_flops(lens: list[int]) -> float:
@@ -379,6 +436,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma-separated subset of {', '.join(SECTIONS)}")
     ap.add_argument("--sweep", action="store_true", help="also time other tile configs")
+    ap.add_argument("--decode-grid", default="1,8,64:512,4096,32768:auto,int8,fp8_e4m3",
+                    help="decode section: batches:contexts:KV dtypes")
+    ap.add_argument("--engine-kv", default="auto,int8",
+                    help="engine_kv section: the KV dtypes to run")
     ap.add_argument("--engine-backends", default="triton,sdpa")
     ap.add_argument("--step-ops", default="",
                     help="engine section: triton attention once per listed way of running "
@@ -395,8 +456,13 @@ def main(argv: list[str] | None = None) -> None:
     res["copy_gb_s"] = copy_bandwidth() / 1e9
     # each section is saved as soon as it is done: a later failure keeps the earlier ones
     if "decode" in sections:
-        res["decode"] = bench_decode([1, 8, 64], [512, 4096, 32768],
-                                     ["auto", "int8", "fp8_e4m3"], args.sweep)
+        batches, contexts, kinds = args.decode_grid.split(":")
+        quantised = [k for k in kinds.split(",") if k != "auto"]
+        res["decode_check_max_abs_diff"] = check_quantised_decode(["auto", *quantised])
+        _save(res, args.json)
+        res["decode"] = bench_decode([int(b) for b in batches.split(",")],
+                                     [int(c) for c in contexts.split(",")], kinds.split(","),
+                                     args.sweep)
         _save(res, args.json)
     if "prefill" in sections:
         res["prefill"] = bench_prefill([(1, 512), (8, 512), (1, 4096), (4, 4096)], args.sweep)
@@ -417,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
                     async_scheduling=_ASYNC[mode])
                 _save(res, args.json)
     if "engine_kv" in sections:
-        res["engine_step_ms_batch32_ctx4k_by_kv"] = bench_engine_kv(["auto", "int8"])
+        res["engine_step_ms_batch32_ctx4k_by_kv"] = bench_engine_kv(args.engine_kv.split(","))
     emit_json(res, args.json)
     _summary(res)
 
@@ -430,8 +496,11 @@ def _save(res: dict, path: Path | None) -> None:
 def _summary(res: dict) -> None:
     copy = res["copy_gb_s"]
     print(f"copy {copy:.0f} GB/s")
+    if "decode_check_max_abs_diff" in res:
+        print("decode vs dequantised reference, max |diff|:", res["decode_check_max_abs_diff"])
     for r in res.get("decode", []):
-        extra = {k: r[k] for k in ("block_n", "num_warps") if k in r}
+        extra = {k: r[k] for k in ("block_n", "num_warps", "num_stages",
+                                   "max_abs_diff_vs_default") if k in r}
         print(f"decode {r['kv']:9s} B={r['batch']:3d} ctx={r['context']:6d} "
               f"splits={r['num_splits']:2d} {r['us']:9.1f} us {r['gb_s']:7.0f} GB/s "
               f"({r['gb_s'] / copy:.0%} of copy) {extra or ''} "

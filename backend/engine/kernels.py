@@ -74,7 +74,7 @@ def _probe_triton(device: torch.device, dtype: torch.dtype, kvh: int, group: int
     k = torch.randn(2, kvh, hd, dtype=dtype, device=device)
     q = torch.randn(2, kvh * group, hd, dtype=dtype, device=device)
     triton_attention.store_kv(k, k, torch.arange(2, device=device), cache, scales,
-                              kv_cache_dtype)
+                              kv_cache_dtype, block_size)
     out = torch.empty_like(q)
     table = torch.zeros(1, 1, dtype=torch.int32, device=device)
     lens = torch.full((1,), 2, dtype=torch.int32, device=device)

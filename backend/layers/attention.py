@@ -187,7 +187,8 @@ class Attention:
         cache = self.kv_cache
         data = cache.data[layer]
         scales = None if cache.scales is None else cache.scales[layer]
-        triton_attention.store_kv(k, v, meta.slot_mapping, data, scales, cache.kv_cache_dtype)
+        triton_attention.store_kv(k, v, meta.slot_mapping, data, scales, cache.kv_cache_dtype,
+                                  cache.block_size)
         T = q.shape[0]
         out = torch.empty(T, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         d = meta.num_decode

@@ -11,6 +11,10 @@ tokens are adjacent (the attention kernels load a tile's scales in one coalesced
 - int8: symmetric, scale = amax / 127, values rounded and clamped to [-127, 127];
 - fp8_e4m3: scale = amax / 448 (the format's largest finite value), stored as uint8 bits
   because index_copy_/index_select are not implemented for float8 on every backend.
+Quantised V is stored transposed within each block: the ``block_size x head_dim`` bytes of
+one block's V rows for one head hold element (dim d, token t) at ``d * block_size + t``
+(``v_transposed_offsets``), so that the decode kernel reads a block's tokens of one
+dimension as one contiguous run (``triton_attention._kv_tile``). K keeps one row per token.
 ``write``/``gather`` are the pure-torch reference path (quantise on write, dequantise on
 read) of the sdpa and math backends; the Triton backend quantises in its store kernel and
 dequantises inside its attention kernels (``triton_attention``).
@@ -21,6 +25,7 @@ import torch
 
 _FP8_MAX = 448.0
 _INT8_MAX = 127.0
+TRANSPOSED_V = ("int8",)  # cache dtypes whose V is transposed within each block
 
 
 def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -54,6 +59,7 @@ class KVCache:
         # (masked out anyway, but NaN * 0 in a matmul would still poison the row).
         self.data = torch.zeros(num_layers, slots, 2, num_kv_heads, head_dim,
                                 dtype=storage, device=device)
+        self.v_transposed = kv_cache_dtype in TRANSPOSED_V
         self.scales = None
         if kv_cache_dtype != "auto":
             self.scales = torch.zeros(num_layers, 2, num_kv_heads, slots,
@@ -66,22 +72,42 @@ class KVCache:
                 self.data[layer, :, c].index_copy_(0, slots, x)
                 continue
             q, scale = quantise(x, self.kv_cache_dtype)
-            self.data[layer, :, c].index_copy_(0, slots, q)
+            if c == 1 and self.v_transposed:
+                self._v_rows(layer)[self._v_index(slots)] = q.transpose(1, 2)
+            else:
+                self.data[layer, :, c].index_copy_(0, slots, q)
             self.scales[layer, c].index_copy_(1, slots, scale.t())  # [kvh, slots]
 
     def gather(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
         """idx: [...] long slot indices -> [..., 2, kvh, hd] in the model dtype."""
         flat = idx.reshape(-1)
         kv = self.data[layer].index_select(0, flat)
+        if self.v_transposed:
+            kv[:, 1] = self._v_rows(layer)[self._v_index(flat)].transpose(1, 2)
         if self.scales is not None:
             kv = dequantise(kv, self.scales_at(layer, flat), self.kv_cache_dtype,
                             self.model_dtype)
         return kv.view(*idx.shape, *kv.shape[1:])
 
+    def _v_rows(self, layer: int) -> torch.Tensor:
+        """Quantised V storage of one layer as [slots, hd, kvh] (a view)."""
+        return self.data[layer, :, 1].transpose(1, 2)
+
+    def _v_index(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return v_transposed_index(slots, self.block_size, self.data.shape[-1])
 
     def scales_at(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """slots: [N] long -> [N, 2, kvh] float32 scales."""
         return self.scales[layer].index_select(2, slots).permute(2, 0, 1)
+
+
+def v_transposed_index(slots: torch.Tensor, block_size: int,
+                       head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """slots: [N] long -> (slot, position in the row) [N, head_dim] each, where dimension d
+    of each slot's quantised V value lies (the same for every head)."""
+    t = (slots % block_size).unsqueeze(1)  # [N, 1]
+    f = torch.arange(head_dim, device=slots.device) * block_size + t  # [N, hd]
+    return slots.unsqueeze(1) - t + f // head_dim, f % head_dim
 
 
 def quantise(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:

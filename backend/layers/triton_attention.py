@@ -10,7 +10,9 @@ Quantised caches (int8, fp8_e4m3 stored as uint8 bits) keep a float32 scale per 
 K/V, head): the store kernel quantises, the attention kernels load the narrow values,
 widen them exactly to the compute dtype (every int8 and e4m3 value is representable in
 bf16), and apply the scales to the scores (K) and to the probabilities (V), so there is
-no dequantised copy anywhere.
+no dequantised copy anywhere. int8 V is stored transposed within each block
+(``kv_cache.TRANSPOSED_V``), the layout in which its narrow tile reaches ``tl.dot`` in
+16-byte copies.
 
 - ``store_kv``: one program per token, all KV heads.
 - ``paged_decode``: flash-decoding. Grid (sequence, KV head, split): each program walks its
@@ -38,13 +40,16 @@ import torch
 import triton
 import triton.language as tl
 
+from backend.layers.kv_cache import TRANSPOSED_V
+
 QUANT_CODES = {"auto": 0, "int8": 1, "fp8_e4m3": 2}
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0
 _LOG2E = 1.4426950408889634
-# Decode tiles (tokens per loop iteration) by cache dtype: the fastest of 64/128 on an
-# H200 (docs/BENCHMARKS.md).
+# Decode tiles (tokens per loop iteration) and software-pipeline depths by cache dtype:
+# the fastest measured on an H200 (docs/BENCHMARKS.md).
 DECODE_BLOCK_N = {"auto": 64, "int8": 128, "fp8_e4m3": 128}
+DECODE_STAGES = {"auto": 2, "int8": 3, "fp8_e4m3": 2}
 
 
 @triton.jit
@@ -56,16 +61,41 @@ def _widen(x, QUANT: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _kv_tile(cache_ptr, bt_row, n, nmask, head, d, dmask, stride_cs, stride_cc, stride_ch,
-             BLOCK_SIZE: tl.constexpr, QUANT: tl.constexpr, cdt: tl.constexpr):
-    """K and V rows [BLOCK_N, HD_PAD] of positions n (through the block table, widened to
-    cdt) and their slots [BLOCK_N]."""
-    page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+def _kv_tile(cache_ptr, bt_row, n, nmask, end, head, d, dmask, stride_cs, stride_cc, stride_ch,
+             BLOCK_SIZE: tl.constexpr, HD: tl.constexpr, QUANT: tl.constexpr,
+             V_T: tl.constexpr, cdt: tl.constexpr):
+    """K and V rows [BLOCK_N, HD_PAD] of positions n < end (through the block table,
+    widened to cdt) and their slots [BLOCK_N]. With V_T (int8 caches) V is stored
+    transposed within each block (``kv_cache.v_transposed_index``): its tile is loaded as
+    [HD_PAD, BLOCK_N] with whole blocks' tokens contiguous, so the narrow values arrive in
+    16-byte copies and reach ``tl.dot`` in the layout it reads as B without byte-wise
+    shared-memory loads. Its positions past ``end`` read the last page again (finite
+    values that the caller gives zero weight), keeping the mask constant along tokens."""
+    if V_T:
+        blk = tl.minimum(n // BLOCK_SIZE, (end - 1) // BLOCK_SIZE)
+        page = tl.load(bt_row + blk).to(tl.int64)
+    else:
+        page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
     slot = page * BLOCK_SIZE + n % BLOCK_SIZE
     kv_off = slot[:, None] * stride_cs + head * stride_ch + d[None, :]
     lmask = nmask[:, None] & dmask[None, :]
     k = _widen(tl.load(cache_ptr + kv_off, mask=lmask, other=0), QUANT, cdt)
-    v = _widen(tl.load(cache_ptr + kv_off + stride_cc, mask=lmask, other=0), QUANT, cdt)
+    if V_T:
+        # element (d, t) of a block: byte d * BLOCK_SIZE + t of its V rows
+        t = n % BLOCK_SIZE
+        base = (page * BLOCK_SIZE)[None, :]
+        if HD % BLOCK_SIZE == 0:  # written so that the compiler sees the runs of tokens
+            R: tl.constexpr = HD // BLOCK_SIZE  # dims per row
+            vt_off = (base + (d // R)[:, None]) * stride_cs \
+                + ((d % R) * BLOCK_SIZE)[:, None] + t[None, :]
+        else:  # a run of tokens may wrap into the next row
+            f = d[:, None] * BLOCK_SIZE + t[None, :]
+            vt_off = (base + f // HD) * stride_cs + f % HD
+        vt = tl.load(cache_ptr + head * stride_ch + stride_cc + vt_off, mask=dmask[:, None],
+                     other=0)  # [HD_PAD, BLOCK_N]
+        v = tl.trans(_widen(vt, QUANT, cdt))
+    else:
+        v = _widen(tl.load(cache_ptr + kv_off + stride_cc, mask=lmask, other=0), QUANT, cdt)
     return k, v, slot
 
 
@@ -88,7 +118,7 @@ def _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale, scale_p
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if QUANT != 0:
         p *= tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)[None, :]
-    acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), v, input_precision=DOT_PREC)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return m_new, l_i, acc
 
 
@@ -120,7 +150,7 @@ def _store_kv_kernel(
         stride_kt, stride_kh, stride_vt, stride_vh,
         stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
         KVH: tl.constexpr, HD: tl.constexpr, KVH_PAD: tl.constexpr, HD_PAD: tl.constexpr,
-        QUANT: tl.constexpr):
+        BLOCK_SIZE: tl.constexpr, QUANT: tl.constexpr, V_T: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = tl.arange(0, KVH_PAD)[:, None]
@@ -143,7 +173,13 @@ def _store_kv_kernel(
                 qv = tl.minimum(tl.maximum(_rint(y), -127.0), 127.0).to(tl.int8)
             else:
                 qv = _round_to_e4m3(y).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-            tl.store(dst + c * stride_cc, qv, mask=mask)
+            if c == 0 or not V_T:
+                tl.store(dst + c * stride_cc, qv, mask=mask)
+            else:  # transposed within the block (_kv_tile)
+                f = d * BLOCK_SIZE + slot % BLOCK_SIZE  # [1, HD_PAD]
+                row = slot - slot % BLOCK_SIZE + f // HD
+                tl.store(cache_ptr + row * stride_cs + stride_cc + h * stride_ch + f % HD, qv,
+                         mask=mask)
             tl.store(scale_ptr + c * stride_sc + hs * stride_sh + slot, scale, mask=hs < KVH)
 
 
@@ -157,7 +193,7 @@ def _decode_kernel(
         stride_ot, stride_oh,
         GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+        QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, V_T: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -182,8 +218,8 @@ def _decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < end
-        k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, h, d, dmask, stride_cs, stride_cc,
-                              stride_ch, BLOCK_SIZE, QUANT, cdt)
+        k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, end, h, d, dmask, stride_cs,
+                              stride_cc, stride_ch, BLOCK_SIZE, HD, QUANT, V_T, cdt)
         m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, nmask[None, :], m_i, l_i, acc,
                                      qk_scale, scale_ptr, h, stride_sc, stride_sh, QUANT,
                                      DOT_PREC, True)
@@ -227,7 +263,7 @@ def _prefill_kernel(
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-        DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+        DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, V_T: tl.constexpr):
     mt = tl.program_id(0)
     c = tl.program_id(1)
     hq = tl.program_id(2)
@@ -259,16 +295,16 @@ def _prefill_kernel(
     diag_end = tl.where(live, tl.minimum(ctx, prefix + m0 + BLOCK_M), 0)
     for n0 in range(0, full_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        k, v, slot = _kv_tile(cache_ptr, bt_row, n, n < full_end, hk, d, dmask, stride_cs,
-                              stride_cc, stride_ch, BLOCK_SIZE, QUANT, cdt)
+        k, v, slot = _kv_tile(cache_ptr, bt_row, n, n < full_end, full_end, hk, d, dmask,
+                              stride_cs, stride_cc, stride_ch, BLOCK_SIZE, HD, QUANT, V_T, cdt)
         m_i, l_i, acc = _attend_tile(q, k, v, slot, n < full_end, None, m_i, l_i, acc,
                                      qk_scale, scale_ptr, hk, stride_sc, stride_sh, QUANT,
                                      DOT_PREC, False)
     for n0 in range(full_end, diag_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < diag_end
-        k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, hk, d, dmask, stride_cs,
-                              stride_cc, stride_ch, BLOCK_SIZE, QUANT, cdt)
+        k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, diag_end, hk, d, dmask, stride_cs,
+                              stride_cc, stride_ch, BLOCK_SIZE, HD, QUANT, V_T, cdt)
         visible = (n[None, :] <= pos[:, None]) & nmask[None, :]  # causal  [BM, BN]
         m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale,
                                      scale_ptr, hk, stride_sc, stride_sh, QUANT, DOT_PREC,
@@ -302,9 +338,10 @@ def _scales(scales: torch.Tensor | None, cache: torch.Tensor) -> tuple[torch.Ten
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
-             scales: torch.Tensor | None, kv_cache_dtype: str) -> None:
+             scales: torch.Tensor | None, kv_cache_dtype: str, block_size: int) -> None:
     """k, v: [T, kvh, hd] (any row stride); slots: [T]; cache: one layer's
-    [slots, 2, kvh, hd]; scales: [2, kvh, slots] float32 or None."""
+    [slots, 2, kvh, hd] (int8: V transposed within each block of ``block_size`` slots,
+    ``kv_cache.TRANSPOSED_V``); scales: [2, kvh, slots] float32 or None."""
     T, kvh, hd = k.shape
     if T == 0:
         return
@@ -313,7 +350,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch
         k, v, slots, cache, sc, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2), ssc, ssh,
         KVH=kvh, HD=hd, KVH_PAD=triton.next_power_of_2(kvh), HD_PAD=triton.next_power_of_2(hd),
-        QUANT=QUANT_CODES[kv_cache_dtype], num_warps=4 if kvh * hd >= 2048 else 1)
+        BLOCK_SIZE=block_size, QUANT=QUANT_CODES[kv_cache_dtype],
+        V_T=kv_cache_dtype in TRANSPOSED_V, num_warps=4 if kvh * hd >= 2048 else 1)
 
 
 def decode_splits(batch: int, kv_heads: int, max_context: int | None, device: torch.device,
@@ -337,7 +375,7 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
                  block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor,
                  scale: float, block_size: int, kv_cache_dtype: str, num_splits: int,
                  block_n: int | None = None, num_warps: int = 4,
-                 num_stages: int = 2) -> torch.Tensor:
+                 num_stages: int | None = None) -> torch.Tensor:
     """q: [B, H, hd]; block_tables: [B, W] int32; context_lens: [B] int32 (>= 1);
     out: [B, H, hd] (written). One KV head's query group per program (padded to the 16 rows
     tl.dot needs: decode is bound by the K/V reads, not by the products); num_splits a
@@ -347,6 +385,8 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
     group = H // kvh
     if block_n is None:
         block_n = DECODE_BLOCK_N[kv_cache_dtype]
+    if num_stages is None:
+        num_stages = DECODE_STAGES[kv_cache_dtype]
     hd_pad = _pad(hd)
     sc, ssc, ssh = _scales(scales, cache)
     if num_splits > 1:
@@ -360,8 +400,8 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
         cache.stride(2), ssc, ssh, out.stride(0), out.stride(1),
         GROUP=group, G_PAD=_pad(group), HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=QUANT_CODES[kv_cache_dtype],
-        DOT_PREC=_dot_precision(q.dtype), UPCAST=interpreting(), num_warps=num_warps,
-        num_stages=num_stages)
+        DOT_PREC=_dot_precision(q.dtype), UPCAST=interpreting(),
+        V_T=kv_cache_dtype in TRANSPOSED_V, num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _merge_kernel[(B, H)](part_o, part_lse, out, out.stride(0), out.stride(1), HD=hd,
                               HD_PAD=hd_pad, NUM_SPLITS=num_splits, num_warps=1)
@@ -395,5 +435,6 @@ def paged_prefill(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | N
         cache.stride(2), ssc, ssh, out.stride(0), out.stride(1),
         GROUP=H // kvh, HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m,
         BLOCK_N=block_n, QUANT=QUANT_CODES[kv_cache_dtype], DOT_PREC=_dot_precision(q.dtype),
-        UPCAST=interpreting(), num_warps=num_warps, num_stages=num_stages)
+        UPCAST=interpreting(), V_T=kv_cache_dtype in TRANSPOSED_V, num_warps=num_warps,
+        num_stages=num_stages)
     return out
