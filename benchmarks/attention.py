@@ -251,21 +251,33 @@ def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
 
 
 def _decode_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: int) -> float:
-    """Median decode-step time with ``batch`` sequences decoding (prefills excluded)."""
+    """Median decode-step time with all ``batch`` sequences decoding (prefill steps, and
+    steps after the first sequence finished, excluded). ``out`` must outlast the batch's
+    prefill: the first prompt prefilled decodes while the others still prefill."""
     params = SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(_prompts(batch, prompt, seed)):
         engine.add_request(f"r{seed}-{i}", p, params)
     times = []
     while engine.has_unfinished():
-        pending = engine.scheduler.waiting or any(
-            s.num_computed < len(s) - 1 for s in engine.scheduler.running)
+        running = engine.scheduler.running
+        full = not engine.scheduler.waiting and len(running) == batch and all(
+            s.num_computed >= len(s) - 1 for s in running)
         torch.cuda.synchronize()
         t = time.perf_counter()
         engine.step()
         torch.cuda.synchronize()
-        if not pending:
+        if full:
             times.append(time.perf_counter() - t)
+    if len(times) < 5:
+        raise RuntimeError(f"only {len(times)} steps with all {batch} sequences decoding: "
+                           "ask for more output tokens")
     return statistics.median(times[2:]) * 1e3
+
+
+def _outlasting_prefill(batch: int, prompt: int, out: int, step_tokens: int) -> int:
+    """Output tokens per request so that ``out`` steps run with the whole batch decoding
+    (a prefill step of ``step_tokens`` also advances the decodes already running)."""
+    return out + -(-batch * prompt // step_tokens) + 2
 
 
 def _stream_tpot_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: int) -> float:
@@ -420,7 +432,8 @@ def bench_engine_kv(kinds: list[str]) -> dict:
             device="cuda", dtype="bfloat16", attention="triton", enable_prefix_caching=False,
             kv_cache_memory_gib=72, max_model_len=4096, max_num_seqs=32,
             kv_cache_dtype=kind), source)
-        res[kind] = _decode_ms(engine, 32, 4000, 64, 4)
+        res[kind] = _decode_ms(engine, 32, 4000, _outlasting_prefill(
+            32, 4000, 64, engine.config.max_num_batched_tokens), 4)
         del engine
         torch.cuda.empty_cache()
     return res
