@@ -50,6 +50,8 @@ def variants(fmt: str, M: int) -> list[dict]:
                 (4, 2048, 8, 1), (8, 2048, 8, 1), (32, 256, 4, 1), (1, 2048, 4, 1)]
         out = [_v("triton", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, MAGIC=m) for bn, bk, w, m in rows]
         out.append(_v("triton", BLOCK_N=4, BLOCK_K=1024, num_warps=4, MAGIC=1, num_stages=1))
+        out += [_v("triton", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=4, num_stages=4)
+                for bn, bk, sk in ((64, 128, 0), (32, 256, 4))]  # the GEMM, 16 rows padded
         return out + [_v("torch-int8pack")]
     if fmt == "int8":
         rows = [(64, 128, 0, 4, 4), (64, 128, 1, 4, 4), (64, 128, 2, 4, 4), (32, 128, 0, 4, 4),
@@ -64,12 +66,14 @@ def variants(fmt: str, M: int) -> list[dict]:
                 (16, 128, 4, 1), (32, 128, 4, 1), (4, 256, 4, 1), (8, 512, 8, 1),
                 (2, 1024, 4, 1)]
         out = [_v("triton", BLOCK_N=bn, BYTES=by, num_warps=w, MAGIC=m) for bn, by, w, m in rows]
+        out += [_v("triton", BLOCK_N=bn, GROUPS=1, SPLIT_K=sk, MAGIC=2, num_warps=4)
+                for bn, sk in ((64, 0), (32, 4))]  # the GEMM, 16 rows padded
     else:
-        rows = [(64, 1, 0, 0, 4, 3), (64, 1, 0, 1, 4, 3), (32, 1, 0, 0, 4, 3),
-                (128, 1, 0, 0, 8, 3), (64, 1, 1, 0, 4, 3), (64, 1, 0, 0, 4, 4),
-                (16, 1, 0, 0, 4, 3)]
+        rows = [(64, 1, 0, 0, 4, 3), (64, 1, 0, 1, 4, 3), (64, 1, 0, 2, 4, 3),
+                (32, 1, 0, 2, 4, 3), (128, 1, 0, 2, 8, 3), (64, 1, 1, 2, 4, 3),
+                (64, 1, 0, 2, 4, 4), (16, 1, 0, 2, 4, 3), (32, 1, 0, 0, 4, 3)]
         if G == 32:
-            rows += [(64, 4, 0, 0, 4, 3), (64, 2, 0, 1, 4, 3), (32, 4, 0, 0, 4, 3)]
+            rows += [(64, 4, 0, 2, 4, 3), (64, 2, 0, 1, 4, 3), (32, 4, 0, 2, 4, 3)]
         out = [_v("triton", BLOCK_N=bn, GROUPS=gr, SPLIT_K=sk, MAGIC=m, num_warps=w,
                   num_stages=st) for bn, gr, sk, m, w, st in rows]
     return out + [_v("tinygemm", inner_k_tiles=t) for t in (2, 4, 8)]

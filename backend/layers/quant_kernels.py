@@ -73,10 +73,10 @@ CONFIGS: dict[str, dict[int, dict]] = {
     },
     "int4": {
         1: dict(BLOCK_N=8, BYTES=256, MAGIC=1, num_warps=4, num_stages=3),
-        16: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=0, num_warps=4, num_stages=3),
-        32: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=0, num_warps=4, num_stages=3),
-        64: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=0, num_warps=4, num_stages=3),
-        128: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=0, num_warps=4, num_stages=3),
+        16: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=2, num_warps=4, num_stages=3),
+        32: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=2, num_warps=4, num_stages=3),
+        64: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=2, num_warps=4, num_stages=3),
+        128: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=2, num_warps=4, num_stages=3),
     },
 }
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -224,19 +224,28 @@ if triton is not None:
                                mask=mmask & jm[None, :], other=0.0)
                 sidx = rn * ng + jg // G  # [BN]
                 sm = (rn < N) & (rn * 0 + jg < j_end)
-                s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
-                z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
-                s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
-                z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
+                s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0)
+                z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0)
+                s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0)
+                z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0)
+                if MAGIC != 2:
+                    s_lo, z_lo = s_lo.to(tl.float32), z_lo.to(tl.float32)
+                    s_hi, z_hi = s_hi.to(tl.float32), z_hi.to(tl.float32)
                 bi = b.to(tl.int32)
-                if MAGIC:  # n = (bits of 2^23 + n) - 2^23: integer ops and one add
-                    q_lo = ((bi & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-                    q_hi = ((bi >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+                if MAGIC == 2:  # dequantise in the activation dtype (bf16 FMAs on Hopper)
+                    w_lo = ((bi & 15).to(x_lo.dtype) * s_lo[None, :].to(x_lo.dtype)
+                            + z_lo[None, :].to(x_lo.dtype))  # [G, BN]
+                    w_hi = ((bi >> 4).to(x_hi.dtype) * s_hi[None, :].to(x_hi.dtype)
+                            + z_hi[None, :].to(x_hi.dtype))
                 else:
-                    q_lo = (bi & 15).to(tl.float32)
-                    q_hi = (bi >> 4).to(tl.float32)
-                w_lo = (q_lo * s_lo[None, :] + z_lo[None, :]).to(x_lo.dtype)  # [G, BN]
-                w_hi = (q_hi * s_hi[None, :] + z_hi[None, :]).to(x_hi.dtype)
+                    if MAGIC:  # n = (bits of 2^23 + n) - 2^23: integer ops and one add
+                        q_lo = ((bi & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+                        q_hi = ((bi >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+                    else:
+                        q_lo = (bi & 15).to(tl.float32)
+                        q_hi = (bi >> 4).to(tl.float32)
+                    w_lo = (q_lo * s_lo[None, :] + z_lo[None, :]).to(x_lo.dtype)  # [G, BN]
+                    w_hi = (q_hi * s_hi[None, :] + z_hi[None, :]).to(x_hi.dtype)
                 acc = tl.dot(x_lo, w_lo, acc)
                 acc = tl.dot(x_hi, w_hi, acc)
         if PARTIAL:
@@ -310,9 +319,9 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     M, K = x.shape
     N = q.shape[0]
     x = x.contiguous()
-    bucket = _bucket(M)
-    cfg = config or CONFIGS["int8"][bucket]
-    if M == 1:
+    cfg = config or CONFIGS["int8"][_bucket(M)]
+    bucket = max(16, _bucket(M))  # a GEMM config at M = 1 pads to 16 rows
+    if M == 1 and "MAGIC" in cfg:  # GEMV configs carry MAGIC, GEMM configs SPLIT_K
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
         _int8_gemv[(triton.cdiv(N, bn),)](
@@ -338,9 +347,9 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
     N, G = packed.shape[0], group_size
     half = K // 2
     x = x.contiguous()
-    bucket = _bucket(M)
-    cfg = config or CONFIGS["int4"][bucket]
-    if M == 1:
+    cfg = config or CONFIGS["int4"][_bucket(M)]
+    bucket = max(16, _bucket(M))
+    if M == 1 and "BYTES" in cfg:  # GEMV configs carry BYTES, GEMM configs GROUPS
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn = cfg["BLOCK_N"]
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
