@@ -2,7 +2,8 @@
 
 For each shape, token count (1 = GEMV, 64 = GEMM) and format it times every kernel variant
 below (tile shapes, warps, the MAGIC code decoding, split-K), torch's own CUDA kernels where
-they exist (tinygemm ``_weight_int4pack_mm``, ``_weight_int8pack_mm``), cuBLAS bf16 and the
+they exist (tinygemm ``_weight_int4pack_mm``; ``_weight_int8pack_mm`` took 1.6 ms per
+Llama block at M = 1 in a first sweep and is left out), cuBLAS bf16 and the
 device-to-device copy bandwidth, all in the same process; checks each output against the
 dequantised reference; picks per format and token count the variant with the least time
 summed over the four shapes (one Llama block); then, with those picks installed in
@@ -43,40 +44,59 @@ def _v(kind: str, **kw) -> dict:
 
 
 def variants(fmt: str, M: int) -> list[dict]:
-    """Every kernel configuration tried for ``fmt`` at ``M`` tokens."""
+    """Every kernel configuration tried for ``fmt`` at ``M`` tokens. GEMV configs carry
+    MAGIC (int8) or BYTES (int4); the others run the GEMM (at M = 1 padded to 16 rows)."""
     if fmt == "int8" and M == 1:
-        rows = [(4, 1024, 4, 1), (4, 1024, 4, 0), (2, 2048, 4, 1), (2, 1024, 4, 1),
-                (8, 1024, 4, 1), (8, 512, 4, 1), (16, 512, 4, 1), (16, 512, 4, 0),
-                (4, 2048, 8, 1), (8, 2048, 8, 1), (32, 256, 4, 1), (1, 2048, 4, 1)]
-        out = [_v("triton", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, MAGIC=m) for bn, bk, w, m in rows]
-        out.append(_v("triton", BLOCK_N=4, BLOCK_K=1024, num_warps=4, MAGIC=1, num_stages=1))
-        out += [_v("triton", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=4, num_stages=4)
-                for bn, bk, sk in ((64, 128, 0), (32, 256, 4))]  # the GEMM, 16 rows padded
-        return out + [_v("torch-int8pack")]
+        out = [_v("triton", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, MAGIC=m, **extra)
+               for bn, bk, w, m, extra in (
+                   (8, 1024, 4, 1, {}), (32, 256, 4, 1, {}), (4, 1024, 4, 0, {}),
+                   (4, 1024, 4, 1, dict(PREFETCH=1)),
+                   (8, 1024, 4, 1, dict(R3=16)), (8, 1024, 4, 0, dict(R3=16)),
+                   (8, 1024, 4, 1, dict(R3=8)), (8, 1024, 4, 0, dict(R3=8)),
+                   (4, 2048, 8, 1, dict(R3=8)), (8, 2048, 8, 1, dict(R3=8)),
+                   (4, 1024, 4, 1, dict(R3=8)), (16, 1024, 4, 1, dict(R3=8)),
+                   (2, 2048, 4, 1, dict(R3=8)), (4, 4096, 8, 1, dict(R3=8)),
+                   (2, 1024, 4, 1, dict(R3=8)), (4, 2048, 4, 1, dict(R3=8)))]
+        out += [_v("triton", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st,
+                   **extra)
+                for bn, bk, sk, w, st, extra in (
+                    (64, 128, 0, 4, 4, {}), (64, 128, 0, 4, 4, dict(SWAP=1)),
+                    (64, 256, 0, 4, 3, dict(SWAP=1)), (64, 128, 4, 4, 4, dict(SWAP=1)),
+                    (128, 128, 0, 4, 4, dict(SWAP=1)))]
+        return out
     if fmt == "int8":
-        rows = [(64, 128, 0, 4, 4), (64, 128, 1, 4, 4), (64, 128, 2, 4, 4), (32, 128, 0, 4, 4),
-                (128, 128, 0, 8, 3), (64, 256, 0, 4, 3), (32, 256, 0, 4, 3), (128, 64, 0, 4, 4),
-                (16, 256, 0, 4, 3), (64, 64, 0, 4, 5), (128, 128, 1, 8, 3), (32, 128, 4, 4, 4)]
-        out = [_v("triton", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st)
-               for bn, bk, sk, w, st in rows]
-        return out + [_v("torch-int8pack")]
+        return [_v("triton", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st,
+                   **extra)
+                for bn, bk, sk, w, st, extra in (
+                    (64, 64, 0, 4, 5, {}), (128, 64, 0, 4, 4, {}), (64, 128, 0, 4, 4, {}),
+                    (64, 128, 2, 4, 4, {}),
+                    (64, 64, 0, 4, 5, dict(SWAP=1)), (128, 64, 0, 4, 4, dict(SWAP=1)),
+                    (64, 128, 0, 4, 4, dict(SWAP=1)), (64, 64, 2, 4, 5, dict(SWAP=1)),
+                    (128, 128, 0, 8, 3, dict(SWAP=1)), (64, 256, 0, 4, 3, dict(SWAP=1)),
+                    (64, 64, 1, 4, 5, dict(SWAP=1)))]
     G = int(fmt.split("g")[1])
     if M == 1:
-        rows = [(8, 256, 4, 1), (8, 256, 4, 0), (4, 512, 4, 1), (16, 256, 4, 1),
-                (16, 128, 4, 1), (32, 128, 4, 1), (4, 256, 4, 1), (8, 512, 8, 1),
-                (2, 1024, 4, 1)]
-        out = [_v("triton", BLOCK_N=bn, BYTES=by, num_warps=w, MAGIC=m) for bn, by, w, m in rows]
-        out += [_v("triton", BLOCK_N=bn, GROUPS=1, SPLIT_K=sk, MAGIC=2, num_warps=4)
-                for bn, sk in ((64, 0), (32, 4))]  # the GEMM, 16 rows padded
+        out = [_v("triton", BLOCK_N=bn, BYTES=by, num_warps=w, MAGIC=m, **extra)
+               for bn, by, w, m, extra in (
+                   (16, 256, 4, 1, {}), (4, 512, 4, 1, {}),
+                   (8, 256, 4, 1, dict(ACC3=1)), (4, 512, 4, 1, dict(ACC3=1)),
+                   (16, 256, 4, 1, dict(ACC3=1)), (2, 1024, 4, 1, dict(ACC3=1)),
+                   (8, 512, 8, 1, dict(ACC3=1)), (4, 256, 4, 1, dict(ACC3=1)),
+                   (8, 256, 4, 0, dict(ACC3=1)), (8, 512, 4, 1, dict(ACC3=1)),
+                   (2, 1024, 4, 1, dict(V8=1)), (4, 512, 4, 1, dict(V8=1)),
+                   (8, 256, 4, 1, dict(V8=1)), (4, 1024, 8, 1, dict(V8=1)),
+                   (2, 512, 4, 1, dict(V8=1)), (8, 512, 8, 1, dict(V8=1)))]
+        out += [_v("triton", BLOCK_N=64, GROUPS=1, SPLIT_K=sk, MAGIC=m, num_warps=4, SWAP=1)
+                for sk, m in ((0, 3), (4, 3), (0, 2))]  # the GEMM, 16 rows padded
     else:
-        rows = [(64, 1, 0, 0, 4, 3), (64, 1, 0, 1, 4, 3), (64, 1, 0, 2, 4, 3),
-                (32, 1, 0, 2, 4, 3), (128, 1, 0, 2, 8, 3), (64, 1, 1, 2, 4, 3),
-                (64, 1, 0, 2, 4, 4), (16, 1, 0, 2, 4, 3), (32, 1, 0, 0, 4, 3)]
+        rows = [(64, 1, 0, 0, 4, 3, 0), (64, 1, 0, 3, 4, 3, 0), (32, 1, 0, 3, 4, 3, 0),
+                (64, 1, 0, 3, 4, 3, 1), (64, 1, 0, 2, 4, 3, 1), (64, 1, 0, 0, 4, 3, 1),
+                (64, 1, 2, 3, 4, 3, 1), (64, 1, 0, 3, 4, 4, 1), (128, 1, 0, 3, 8, 3, 1)]
         if G == 32:
-            rows += [(64, 4, 0, 2, 4, 3), (64, 2, 0, 1, 4, 3), (32, 4, 0, 2, 4, 3)]
+            rows += [(64, 2, 0, 3, 4, 3, 1), (64, 4, 0, 3, 4, 3, 1)]
         out = [_v("triton", BLOCK_N=bn, GROUPS=gr, SPLIT_K=sk, MAGIC=m, num_warps=w,
-                  num_stages=st) for bn, gr, sk, m, w, st in rows]
-    return out + [_v("tinygemm", inner_k_tiles=t) for t in (2, 4, 8)]
+                  num_stages=st, SWAP=sw) for bn, gr, sk, m, w, st, sw in rows]
+    return out + [_v("tinygemm", inner_k_tiles=t) for t in ((2, 8) if M == 1 else (8,))]
 
 
 def _name(v: dict) -> str:
@@ -111,8 +131,6 @@ class Weights:
     def fn(self, fmt: str, v: dict, x: torch.Tensor):
         """A zero-argument call of variant ``v`` on x, or raises if it cannot run."""
         if fmt == "int8":
-            if v["kind"] == "torch-int8pack":
-                return partial(torch._weight_int8pack_mm, x, self.q, self.s)
             return partial(qk.int8_matmul, x, self.q, self.s, _config(v))
         G = int(fmt.split("g")[1])
         codes, packed, scale, lo = self.int4[G]

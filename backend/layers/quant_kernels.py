@@ -84,54 +84,103 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if triton is not None:
     @triton.jit
     def _int8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, EVEN: tl.constexpr):
+                   BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, EVEN: tl.constexpr,
+                   PREFETCH: tl.constexpr):
         # y[n] = scale[n] * sum_k x[k] * q[n, k]; one program per BLOCK_N outputs, each
         # thread streaming 16-byte pieces of rows; one fp32 partial per (row, column) slot.
+        # x is loaded as a [1, BLOCK_K] row so that it shares the weight tile's layout (each
+        # thread loads the x it multiplies; a [BLOCK_K] vector would be redistributed through
+        # shared memory, with barriers, every step). PREFETCH: the next tile's loads are
+        # issued before this tile's arithmetic (a register double buffer).
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
+        rk = tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        xs = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        xs = tl.zeros((1, BLOCK_K), dtype=tl.float32)
+        w_ptrs = w_ptr + rn[:, None] * K + rk
+        if PREFETCH:
+            w_nxt = tl.load(w_ptrs, mask=(rn[:, None] < N) & (rk < K), other=0)
+            x_nxt = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + rk
-            if EVEN:
+            if PREFETCH:
+                w, x = w_nxt, x_nxt.to(tl.float32)
+                kn = k + BLOCK_K
+                w_nxt = tl.load(w_ptrs + k0 + BLOCK_K, mask=(rn[:, None] < N) & (kn < K),
+                                other=0)
+                x_nxt = tl.load(x_ptr + kn, mask=kn < K, other=0.0)
+            elif EVEN:
                 x = tl.load(x_ptr + k).to(tl.float32)
-                w = tl.load(w_ptr + rn[:, None] * K + k[None, :])
+                w = tl.load(w_ptrs + k0)
             else:
                 x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-                w = tl.load(w_ptr + rn[:, None] * K + k[None, :],
-                            mask=(rn[:, None] < N) & (k[None, :] < K), other=0)
+                w = tl.load(w_ptrs + k0, mask=(rn[:, None] < N) & (k < K), other=0)
             if MAGIC:
                 f = (w.to(tl.int32) * 32768 + 0x3FC00000).to(tl.float32, bitcast=True)
                 xs += x
             else:
                 f = w.to(tl.float32)
-            acc += f * x[None, :]
+            acc += f * x
         t = tl.sum(acc, axis=1)  # [BN]
         if MAGIC:
-            t = 256.0 * (t - 1.5 * tl.sum(xs, axis=0))
+            t = 256.0 * (t - 1.5 * tl.sum(tl.sum(xs, axis=1), axis=0))
         s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
         tl.store(y_ptr + rn, (t * s).to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @triton.jit
-    def _int4_gemv(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
-                   BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, MAGIC: tl.constexpr,
-                   EVEN: tl.constexpr):
-        # Byte j of a row holds columns j (low nibble) and j + K/2 (high nibble). A tile is
-        # [BLOCK_N rows, GROUPS groups, G bytes]; per group sum_k (q s + m) x =
-        # s * sum_k q x + m * sum_k x, so scales and mins load once per group.
+    def _int8_gemv_r3(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, EVEN: tl.constexpr,
+                      VEC: tl.constexpr):
+        # As _int8_gemv, with the tile read as [BLOCK_N, BLOCK_K / VEC, VEC] and each
+        # thread's VEC products summed at once: the accumulator is 1/VEC of the tile, so
+        # fewer registers per thread and more programs (bytes in flight) per SM. VEC = 8:
+        # codes and x both load 8 per thread, so x needs no redistribution (through shared
+        # memory, with barriers) to meet its codes, when BLOCK_K >= 256 * num_warps.
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        kk = (tl.arange(0, BLOCK_K // VEC)[:, None] * VEC
+              + tl.arange(0, VEC)[None, :])[None, :, :]  # [1, BK/VEC, VEC]
+        acc = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        xs = tl.zeros((1, BLOCK_K // VEC), dtype=tl.float32)
+        w_ptrs = w_ptr + rn[:, None, None] * K + kk
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN:
+                x = tl.load(x_ptr + k0 + kk).to(tl.float32)
+                w = tl.load(w_ptrs + k0)
+            else:
+                km = k0 + kk < K
+                x = tl.load(x_ptr + k0 + kk, mask=km, other=0.0).to(tl.float32)
+                w = tl.load(w_ptrs + k0, mask=(rn[:, None, None] < N) & km, other=0)
+            if MAGIC:
+                f = (w.to(tl.int32) * 32768 + 0x3FC00000).to(tl.float32, bitcast=True)
+                xs += tl.sum(x, axis=2)
+            else:
+                f = w.to(tl.float32)
+            acc += tl.sum(f * x, axis=2)
+        t = tl.sum(acc, axis=1)  # [BN]
+        if MAGIC:
+            t = 256.0 * (t - 1.5 * tl.sum(tl.sum(xs, axis=1), axis=0))
+        s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rn, (t * s).to(y_ptr.dtype.element_ty), mask=rn < N)
+
+    @triton.jit
+    def _int4_gemv4(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
+                    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr):
+        # As _int4_gemv (ACC3, MAGIC), with each group's G bytes read as [G / 8, 8]: codes
+        # and x both load 8 per thread, so they share one layout and x needs no trip
+        # through shared memory; every tensor is 4-D [BN, GROUPS, G / 8, 8].
         half = K // 2
         ng = K // G
         hg = half // G
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rg = tl.arange(0, GROUPS)
-        re = tl.arange(0, G)
-        acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
+        r4 = rn[:, None, None, None]
+        rg = tl.arange(0, GROUPS)[None, :, None, None]
+        re = (tl.arange(0, G // 8)[:, None] * 8 + tl.arange(0, 8)[None, :])[None, None, :, :]
+        acc = tl.zeros((BLOCK_N, GROUPS, G // 8, 8), dtype=tl.float32)
         for j0 in range(0, half, GROUPS * G):
-            g = j0 // G + rg  # [GROUPS]
-            j = g[:, None] * G + re[None, :]  # [GROUPS, G] byte columns
-            sidx = rn[:, None] * ng + g[None, :]  # [BN, GROUPS]
+            g = j0 // G + rg  # [1, GROUPS, 1, 1]
+            j = g * G + re  # [1, GROUPS, G/8, 8] byte columns
+            sidx = r4 * ng + g  # [BN, GROUPS, 1, 1]
             if EVEN:
-                b = tl.load(p_ptr + rn[:, None, None] * half + j[None, :, :])
+                b = tl.load(p_ptr + r4 * half + j)
                 x_lo = tl.load(x_ptr + j).to(tl.float32)
                 x_hi = tl.load(x_ptr + half + j).to(tl.float32)
                 s_lo = tl.load(s_ptr + sidx).to(tl.float32)
@@ -140,67 +189,201 @@ if triton is not None:
                 z_hi = tl.load(z_ptr + sidx + hg).to(tl.float32)
             else:
                 gm = g < hg
-                sm = (rn[:, None] < N) & gm[None, :]
-                b = tl.load(p_ptr + rn[:, None, None] * half + j[None, :, :],
-                            mask=sm[:, :, None], other=0)
-                x_lo = tl.load(x_ptr + j, mask=gm[:, None], other=0.0).to(tl.float32)
-                x_hi = tl.load(x_ptr + half + j, mask=gm[:, None], other=0.0).to(tl.float32)
+                sm = (r4 < N) & gm
+                b = tl.load(p_ptr + r4 * half + j, mask=sm, other=0)
+                x_lo = tl.load(x_ptr + j, mask=gm, other=0.0).to(tl.float32)
+                x_hi = tl.load(x_ptr + half + j, mask=gm, other=0.0).to(tl.float32)
                 s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
                 z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
                 s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
                 z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
-            bi = b.to(tl.int32)  # [BN, GROUPS, G]
-            xs_lo = tl.sum(x_lo, axis=1)  # [GROUPS]
-            xs_hi = tl.sum(x_hi, axis=1)
-            if MAGIC:
-                f_lo = (((bi << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-                f_hi = (((bi << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-                qx_lo = 16.0 * (tl.sum(f_lo * x_lo[None, :, :], axis=2) - xs_lo[None, :])
-                qx_hi = 16.0 * (tl.sum(f_hi * x_hi[None, :, :], axis=2) - xs_hi[None, :])
-            else:
-                qx_lo = tl.sum((bi & 15).to(tl.float32) * x_lo[None, :, :], axis=2)
-                qx_hi = tl.sum((bi >> 4).to(tl.float32) * x_hi[None, :, :], axis=2)
-            acc += (s_lo * qx_lo + z_lo * xs_lo[None, :]
-                    + s_hi * qx_hi + z_hi * xs_hi[None, :])
-        y = tl.sum(acc, axis=1)
+            bi = b.to(tl.int32)
+            f_lo = (((bi << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+            f_hi = (((bi << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+            # n s + m = f * 16 s + (m - 16 s) with f = 1 + n / 16
+            w_lo = f_lo * (16.0 * s_lo) + (z_lo - 16.0 * s_lo)
+            w_hi = f_hi * (16.0 * s_hi) + (z_hi - 16.0 * s_hi)
+            acc += w_lo * x_lo + w_hi * x_hi
+        y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+    @triton.jit
+    def _int4_tile(x_ptr, p_ptr, s_ptr, z_ptr, rn, j0, N, half, ng,
+                   G: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr):
+        """The loads of one GEMV step: codes [BN, GROUPS, G], x of both halves
+        [1, GROUPS, G], scales and mins of both halves [BN, GROUPS]."""
+        hg = half // G
+        g = j0 // G + tl.arange(0, GROUPS)  # [GROUPS]
+        j = (g[:, None] * G + tl.arange(0, G)[None, :])[None, :, :]  # [1, GROUPS, G] bytes
+        sidx = rn[:, None] * ng + g[None, :]  # [BN, GROUPS]
+        if EVEN:
+            b = tl.load(p_ptr + rn[:, None, None] * half + j)
+            x_lo = tl.load(x_ptr + j)  # [1, GROUPS, G]: the codes' layout (see _int8_gemv)
+            x_hi = tl.load(x_ptr + half + j)
+            s_lo = tl.load(s_ptr + sidx)
+            z_lo = tl.load(z_ptr + sidx)
+            s_hi = tl.load(s_ptr + sidx + hg)
+            z_hi = tl.load(z_ptr + sidx + hg)
+        else:
+            gm = g < hg
+            sm = (rn[:, None] < N) & gm[None, :]
+            b = tl.load(p_ptr + rn[:, None, None] * half + j, mask=sm[:, :, None], other=0)
+            x_lo = tl.load(x_ptr + j, mask=gm[None, :, None], other=0.0)
+            x_hi = tl.load(x_ptr + half + j, mask=gm[None, :, None], other=0.0)
+            s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0)
+            z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0)
+            s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0)
+            z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0)
+        return b, x_lo, x_hi, s_lo, z_lo, s_hi, z_hi
+
+    @triton.jit
+    def _int4_gemv(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
+                   BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, MAGIC: tl.constexpr,
+                   EVEN: tl.constexpr, PREFETCH: tl.constexpr, ACC3: tl.constexpr):
+        # Byte j of a row holds columns j (low nibble) and j + K/2 (high nibble). A tile is
+        # [BLOCK_N rows, GROUPS groups, G bytes]; per group sum_k (q s + m) x =
+        # s * sum_k q x + m * sum_k x, so scales and mins load once per group. PREFETCH: the
+        # next step's loads are issued before this step's arithmetic.
+        half = K // 2
+        ng = K // G
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
+        acc3 = tl.zeros((BLOCK_N, GROUPS if ACC3 else 1, G if ACC3 else 1), dtype=tl.float32)
+        if PREFETCH:
+            nxt = _int4_tile(x_ptr, p_ptr, s_ptr, z_ptr, rn, 0, N, half, ng, G, GROUPS, EVEN)
+        for j0 in range(0, half, GROUPS * G):
+            if PREFETCH:
+                b, x_lo, x_hi, s_lo, z_lo, s_hi, z_hi = nxt
+                # one step past the end: masked, or in bounds of the next rows' bytes
+                nxt = _int4_tile(x_ptr, p_ptr, s_ptr, z_ptr, rn, j0 + GROUPS * G, N, half, ng,
+                                 G, GROUPS, False)
+            else:
+                b, x_lo, x_hi, s_lo, z_lo, s_hi, z_hi = _int4_tile(
+                    x_ptr, p_ptr, s_ptr, z_ptr, rn, j0, N, half, ng, G, GROUPS, EVEN)
+            x_lo, x_hi = x_lo.to(tl.float32), x_hi.to(tl.float32)
+            s_lo, z_lo = s_lo.to(tl.float32), z_lo.to(tl.float32)
+            s_hi, z_hi = s_hi.to(tl.float32), z_hi.to(tl.float32)
+            bi = b.to(tl.int32)  # [BN, GROUPS, G]
+            if ACC3:
+                # Each weight dequantised in fp32 and multiplied into a [BN, GROUPS, G]
+                # accumulator: no reduction inside the loop. MAGIC: f = 1 + n / 16, so
+                # n s + m = f * 16 s + (m - 16 s), one FMA.
+                if MAGIC:
+                    f_lo = (((bi << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                    f_hi = (((bi << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                    s_lo, s_hi = 16.0 * s_lo, 16.0 * s_hi
+                    z_lo, z_hi = z_lo - s_lo, z_hi - s_hi
+                else:
+                    f_lo = (bi & 15).to(tl.float32)
+                    f_hi = (bi >> 4).to(tl.float32)
+                w_lo = f_lo * s_lo[:, :, None] + z_lo[:, :, None]
+                w_hi = f_hi * s_hi[:, :, None] + z_hi[:, :, None]
+                acc3 += w_lo * x_lo + w_hi * x_hi
+            else:
+                xs_lo = tl.sum(x_lo, axis=2)  # [1, GROUPS]
+                xs_hi = tl.sum(x_hi, axis=2)
+                if MAGIC:
+                    f_lo = (((bi << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                    f_hi = (((bi << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                    qx_lo = 16.0 * (tl.sum(f_lo * x_lo, axis=2) - xs_lo)  # [BN, GROUPS]
+                    qx_hi = 16.0 * (tl.sum(f_hi * x_hi, axis=2) - xs_hi)
+                else:
+                    qx_lo = tl.sum((bi & 15).to(tl.float32) * x_lo, axis=2)
+                    qx_hi = tl.sum((bi >> 4).to(tl.float32) * x_hi, axis=2)
+                acc += s_lo * qx_lo + z_lo * xs_lo + s_hi * qx_hi + z_hi * xs_hi
+        if ACC3:
+            y = tl.sum(tl.sum(acc3, axis=2), axis=1)
+        else:
+            y = tl.sum(acc, axis=1)
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+    @triton.jit
+    def _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP: tl.constexpr,
+                    PARTIAL: tl.constexpr):
+        """acc [BM, BN] (or [BN, BM] when SWAP) into y [M, N], or fp32 into the partial
+        buffer [SPLIT_K, M, N] at split pid_k."""
+        if SWAP:
+            offs = rm[None, :] * N + rn[:, None]
+            mask = (rm[None, :] < M) & (rn[:, None] < N)
+        else:
+            offs = rm[:, None] * N + rn[None, :]
+            mask = (rm[:, None] < M) & (rn[None, :] < N)
+        if PARTIAL:
+            tl.store(y_ptr + pid_k * M * N + offs, acc, mask=mask)
+        else:
+            tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _int8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_SPLIT,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PARTIAL: tl.constexpr):
+                   PARTIAL: tl.constexpr, SWAP: tl.constexpr):
         # y[m, n] = scale[n] * sum_k x[m, k] q[n, k] over this program's K range; weight
-        # tiles converted in registers. PARTIAL: write fp32 [SPLIT_K, M, N] partial sums.
+        # tiles converted in registers. SWAP: compute y.T = W x.T, the converted weight tile
+        # the left operand (which tl.dot can take from registers). PARTIAL: write fp32
+        # [SPLIT_K, M, N] partial sums.
         pid_k = tl.program_id(2)
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         mmask, nmask = rm[:, None] < M, rn[None, :] < N
         k_end = tl.minimum(K, (pid_k + 1) * K_SPLIT)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if SWAP:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(pid_k * K_SPLIT, k_end, BLOCK_K):
             k = k0 + rk
             km = k < k_end
             x = tl.load(x_ptr + rm[:, None] * K + k[None, :], mask=mmask & km[None, :],
                         other=0.0)  # [BM, BK]
-            w = tl.load(w_ptr + rn[None, :] * K + k[:, None], mask=nmask & km[:, None],
-                        other=0)  # [BK, BN]
-            acc = tl.dot(x, w.to(x.dtype), acc)
+            if SWAP:
+                w = tl.load(w_ptr + rn[:, None] * K + k[None, :],
+                            mask=(rn[:, None] < N) & km[None, :], other=0)  # [BN, BK]
+                acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)
+            else:
+                w = tl.load(w_ptr + rn[None, :] * K + k[:, None], mask=nmask & km[:, None],
+                            other=0)  # [BK, BN]
+                acc = tl.dot(x, w.to(x.dtype), acc)
         s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-        y = acc * s[None, :]
-        if PARTIAL:
-            tl.store(y_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], y,
-                     mask=mmask & nmask)
+        if SWAP:
+            acc = acc * s[:, None]
         else:
-            tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(y_ptr.dtype.element_ty),
-                     mask=mmask & nmask)
+            acc = acc * s[None, :]
+        _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP, PARTIAL)
+
+    @triton.jit
+    def _dequant_int4(b, s_lo, z_lo, s_hi, z_hi, MAGIC: tl.constexpr):
+        """Both halves' weights from a tile of code bytes b, scales/mins broadcastable to
+        it: 0 = int -> fp32 conversions, 1 = exponent trick in fp32, 2 = in the scales'
+        dtype (the model dtype: bf16 FMAs on Hopper), 3 = 2 with bf16's exponent trick."""
+        bi = b.to(tl.int32)
+        if MAGIC == 3 and s_lo.dtype == tl.bfloat16:
+            # bf16 bits 0x4300 | n = 128 + n exactly: no int -> float conversion at all
+            q_lo = ((bi & 15) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 128.0
+            q_hi = ((bi >> 4) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 128.0
+            w_lo = q_lo * s_lo + z_lo
+            w_hi = q_hi * s_hi + z_hi
+        elif MAGIC >= 2:
+            w_lo = (bi & 15).to(s_lo.dtype) * s_lo + z_lo
+            w_hi = (bi >> 4).to(s_hi.dtype) * s_hi + z_hi
+        else:
+            if MAGIC:  # n = (bits of 2^23 + n) - 2^23: integer ops and one add
+                q_lo = ((bi & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+                q_hi = ((bi >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            else:
+                q_lo = (bi & 15).to(tl.float32)
+                q_hi = (bi >> 4).to(tl.float32)
+            w_lo = q_lo * s_lo.to(tl.float32) + z_lo.to(tl.float32)
+            w_hi = q_hi * s_hi.to(tl.float32) + z_hi.to(tl.float32)
+        return w_lo, w_hi
 
     @triton.jit
     def _int4_gemm(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, M, N, K, J_SPLIT, G: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                   MAGIC: tl.constexpr, PARTIAL: tl.constexpr):
-        # One group of G bytes per step: its [G, BN] codes become both halves' weights
-        # (q * s + m, scales broadcast along the group) and feed two tl.dot calls.
+                   MAGIC: tl.constexpr, PARTIAL: tl.constexpr, SWAP: tl.constexpr):
+        # One group of G bytes per step: its codes become both halves' weights (q * s + m,
+        # scales broadcast along the group) and feed two tl.dot calls. SWAP: y.T = W x.T,
+        # the dequantised weight the left operand.
         half = K // 2
         ng = K // G
         hg = half // G
@@ -208,16 +391,17 @@ if triton is not None:
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         re = tl.arange(0, G)
-        mmask, nmask = rm[:, None] < M, rn[None, :] < N
+        mmask = rm[:, None] < M
         j_end = tl.minimum(half, (pid_k + 1) * J_SPLIT)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if SWAP:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for j0 in range(pid_k * J_SPLIT, j_end, GROUPS * G):
             for gi in tl.static_range(GROUPS):
                 jg = j0 + gi * G
                 j = jg + re  # [G]
                 jm = j < j_end  # the last step of a split may pass its end
-                b = tl.load(p_ptr + rn[None, :] * half + j[:, None],
-                            mask=nmask & jm[:, None], other=0)  # [G, BN] uint8
                 x_lo = tl.load(x_ptr + rm[:, None] * K + j[None, :],
                                mask=mmask & jm[None, :], other=0.0)  # [BM, G]
                 x_hi = tl.load(x_ptr + rm[:, None] * K + half + j[None, :],
@@ -228,32 +412,21 @@ if triton is not None:
                 z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0)
                 s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0)
                 z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0)
-                if MAGIC != 2:
-                    s_lo, z_lo = s_lo.to(tl.float32), z_lo.to(tl.float32)
-                    s_hi, z_hi = s_hi.to(tl.float32), z_hi.to(tl.float32)
-                bi = b.to(tl.int32)
-                if MAGIC == 2:  # dequantise in the activation dtype (bf16 FMAs on Hopper)
-                    w_lo = ((bi & 15).to(x_lo.dtype) * s_lo[None, :].to(x_lo.dtype)
-                            + z_lo[None, :].to(x_lo.dtype))  # [G, BN]
-                    w_hi = ((bi >> 4).to(x_hi.dtype) * s_hi[None, :].to(x_hi.dtype)
-                            + z_hi[None, :].to(x_hi.dtype))
+                if SWAP:
+                    b = tl.load(p_ptr + rn[:, None] * half + j[None, :],
+                                mask=(rn[:, None] < N) & jm[None, :], other=0)  # [BN, G]
+                    w_lo, w_hi = _dequant_int4(b, s_lo[:, None], z_lo[:, None], s_hi[:, None],
+                                               z_hi[:, None], MAGIC)
+                    acc = tl.dot(w_lo.to(x_lo.dtype), tl.trans(x_lo), acc)
+                    acc = tl.dot(w_hi.to(x_hi.dtype), tl.trans(x_hi), acc)
                 else:
-                    if MAGIC:  # n = (bits of 2^23 + n) - 2^23: integer ops and one add
-                        q_lo = ((bi & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-                        q_hi = ((bi >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-                    else:
-                        q_lo = (bi & 15).to(tl.float32)
-                        q_hi = (bi >> 4).to(tl.float32)
-                    w_lo = (q_lo * s_lo[None, :] + z_lo[None, :]).to(x_lo.dtype)  # [G, BN]
-                    w_hi = (q_hi * s_hi[None, :] + z_hi[None, :]).to(x_hi.dtype)
-                acc = tl.dot(x_lo, w_lo, acc)
-                acc = tl.dot(x_hi, w_hi, acc)
-        if PARTIAL:
-            tl.store(y_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc,
-                     mask=mmask & nmask)
-        else:
-            tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                     mask=mmask & nmask)
+                    b = tl.load(p_ptr + rn[None, :] * half + j[:, None],
+                                mask=(rn[None, :] < N) & jm[:, None], other=0)  # [G, BN]
+                    w_lo, w_hi = _dequant_int4(b, s_lo[None, :], z_lo[None, :], s_hi[None, :],
+                                               z_hi[None, :], MAGIC)
+                    acc = tl.dot(x_lo, w_lo.to(x_lo.dtype), acc)
+                    acc = tl.dot(x_hi, w_hi.to(x_hi.dtype), acc)
+        _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP, PARTIAL)
 
     @triton.jit
     def _sum_splits(p_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
@@ -324,9 +497,15 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     if M == 1 and "MAGIC" in cfg:  # GEMV configs carry MAGIC, GEMM configs SPLIT_K
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
+        even = N % bn == 0 and K % bk == 0
+        if cfg.get("R3"):
+            _int8_gemv_r3[(triton.cdiv(N, bn),)](
+                x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"], EVEN=even,
+                VEC=cfg["R3"], **_launch_opts(cfg))
+            return y
         _int8_gemv[(triton.cdiv(N, bn),)](
-            x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"],
-            EVEN=N % bn == 0 and K % bk == 0, **_launch_opts(cfg))
+            x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"], EVEN=even,
+            PREFETCH=cfg.get("PREFETCH", 0), **_launch_opts(cfg))
         return y
     bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
     tiles = triton.cdiv(M, bucket) * triton.cdiv(N, bn)
@@ -336,7 +515,7 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     y, out = _gemm_out(x, M, N, split)
     _int8_gemm[(triton.cdiv(M, bucket), triton.cdiv(N, bn), split)](
         x, q, scale, out, M, N, K, k_split, BLOCK_M=bucket, BLOCK_N=bn, BLOCK_K=bk,
-        PARTIAL=split > 1, **_launch_opts(cfg))
+        PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0), **_launch_opts(cfg))
     return _finish(y, out, split)
 
 
@@ -353,9 +532,15 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn = cfg["BLOCK_N"]
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
+        if cfg.get("V8"):
+            _int4_gemv4[(triton.cdiv(N, bn),)](
+                x, packed, scale, lo, y, N, K, G=G, BLOCK_N=bn, GROUPS=groups,
+                EVEN=N % bn == 0 and half % (groups * G) == 0, **_launch_opts(cfg))
+            return y
         _int4_gemv[(triton.cdiv(N, bn),)](
             x, packed, scale, lo, y, N, K, G=G, BLOCK_N=bn, GROUPS=groups, MAGIC=cfg["MAGIC"],
-            EVEN=N % bn == 0 and half % (groups * G) == 0, **_launch_opts(cfg))
+            EVEN=N % bn == 0 and half % (groups * G) == 0, PREFETCH=cfg.get("PREFETCH", 0),
+            ACC3=cfg.get("ACC3", 0), **_launch_opts(cfg))
         return y
     bn, groups = cfg["BLOCK_N"], cfg["GROUPS"]
     step = groups * G
@@ -366,5 +551,6 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
     y, out = _gemm_out(x, M, N, split)
     _int4_gemm[(triton.cdiv(M, bucket), triton.cdiv(N, bn), split)](
         x, packed, scale, lo, out, M, N, K, j_split, G=G, BLOCK_M=bucket, BLOCK_N=bn,
-        GROUPS=groups, MAGIC=cfg["MAGIC"], PARTIAL=split > 1, **_launch_opts(cfg))
+        GROUPS=groups, MAGIC=cfg["MAGIC"], PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0),
+        **_launch_opts(cfg))
     return _finish(y, out, split)
