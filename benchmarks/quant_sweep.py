@@ -47,49 +47,34 @@ def variants(fmt: str, M: int) -> list[dict]:
     """Every kernel configuration tried for ``fmt`` at ``M`` tokens. GEMV configs carry
     MAGIC (int8) or BYTES (int4); the others run the GEMM (at M = 1 padded to 16 rows)."""
     if fmt == "int8" and M == 1:
-        out = [_v("triton", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, MAGIC=m, **extra)
-               for bn, bk, w, m, extra in (
-                   (8, 1024, 4, 1, {}), (32, 256, 4, 1, {}), (4, 1024, 4, 0, {}),
-                   (4, 1024, 4, 1, dict(PREFETCH=1)),
-                   (8, 1024, 4, 1, dict(R3=16)), (8, 1024, 4, 0, dict(R3=16)),
-                   (8, 1024, 4, 1, dict(R3=8)), (8, 1024, 4, 0, dict(R3=8)),
-                   (4, 2048, 8, 1, dict(R3=8)), (8, 2048, 8, 1, dict(R3=8)),
-                   (4, 1024, 4, 1, dict(R3=8)), (16, 1024, 4, 1, dict(R3=8)),
-                   (2, 2048, 4, 1, dict(R3=8)), (4, 4096, 8, 1, dict(R3=8)),
-                   (2, 1024, 4, 1, dict(R3=8)), (4, 2048, 4, 1, dict(R3=8)))]
+        out = [_v("triton", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, MAGIC=m)
+               for bn, bk, w, m in ((8, 1024, 4, 1), (32, 256, 4, 1), (4, 1024, 4, 0),
+                                    (4, 1024, 4, 1), (16, 512, 4, 1), (8, 512, 4, 1),
+                                    (2, 2048, 4, 1), (8, 2048, 8, 1))]
         out += [_v("triton", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st,
                    **extra)
                 for bn, bk, sk, w, st, extra in (
                     (64, 128, 0, 4, 4, {}), (64, 128, 0, 4, 4, dict(SWAP=1)),
-                    (64, 256, 0, 4, 3, dict(SWAP=1)), (64, 128, 4, 4, 4, dict(SWAP=1)),
-                    (128, 128, 0, 4, 4, dict(SWAP=1)))]
+                    (64, 128, 4, 4, 4, dict(SWAP=1)))]
         return out
     if fmt == "int8":
         return [_v("triton", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st,
                    **extra)
                 for bn, bk, sk, w, st, extra in (
                     (64, 64, 0, 4, 5, {}), (128, 64, 0, 4, 4, {}), (64, 128, 0, 4, 4, {}),
-                    (64, 128, 2, 4, 4, {}),
-                    (64, 64, 0, 4, 5, dict(SWAP=1)), (128, 64, 0, 4, 4, dict(SWAP=1)),
-                    (64, 128, 0, 4, 4, dict(SWAP=1)), (64, 64, 2, 4, 5, dict(SWAP=1)),
-                    (128, 128, 0, 8, 3, dict(SWAP=1)), (64, 256, 0, 4, 3, dict(SWAP=1)),
-                    (64, 64, 1, 4, 5, dict(SWAP=1)))]
+                    (64, 128, 2, 4, 4, {}), (64, 64, 2, 4, 5, {}),
+                    (64, 64, 0, 4, 5, dict(SWAP=1)), (64, 128, 0, 4, 4, dict(SWAP=1)),
+                    (128, 128, 0, 8, 3, dict(SWAP=1)))]
     G = int(fmt.split("g")[1])
     if M == 1:
-        out = [_v("triton", BLOCK_N=bn, BYTES=by, num_warps=w, MAGIC=m, **extra)
-               for bn, by, w, m, extra in (
-                   (16, 256, 4, 1, {}), (4, 512, 4, 1, {}),
-                   (8, 256, 4, 1, dict(ACC3=1)), (4, 512, 4, 1, dict(ACC3=1)),
-                   (16, 256, 4, 1, dict(ACC3=1)), (2, 1024, 4, 1, dict(ACC3=1)),
-                   (8, 512, 8, 1, dict(ACC3=1)), (4, 256, 4, 1, dict(ACC3=1)),
-                   (8, 256, 4, 0, dict(ACC3=1)), (8, 512, 4, 1, dict(ACC3=1)),
-                   (2, 1024, 4, 1, dict(V8=1)), (4, 512, 4, 1, dict(V8=1)),
-                   (8, 256, 4, 1, dict(V8=1)), (4, 1024, 8, 1, dict(V8=1)),
-                   (2, 512, 4, 1, dict(V8=1)), (8, 512, 8, 1, dict(V8=1)))]
+        out = [_v("triton", BLOCK_N=bn, BYTES=by, num_warps=w, MAGIC=m)
+               for bn, by, w, m in ((2, 1024, 4, 1), (8, 512, 4, 1), (4, 512, 4, 1),
+                                    (16, 256, 4, 1), (8, 256, 4, 0), (4, 1024, 4, 1),
+                                    (2, 2048, 4, 1))]
         out += [_v("triton", BLOCK_N=64, GROUPS=1, SPLIT_K=sk, MAGIC=m, num_warps=4, SWAP=1)
-                for sk, m in ((0, 3), (4, 3), (0, 2))]  # the GEMM, 16 rows padded
+                for sk, m in ((0, 3), (4, 3), (2, 3), (0, 2))]  # the GEMM, 16 rows padded
     else:
-        rows = [(64, 1, 0, 0, 4, 3, 0), (64, 1, 0, 3, 4, 3, 0), (32, 1, 0, 3, 4, 3, 0),
+        rows = [(64, 1, 0, 0, 4, 3, 0), (64, 1, 0, 3, 4, 3, 0),
                 (64, 1, 0, 3, 4, 3, 1), (64, 1, 0, 2, 4, 3, 1), (64, 1, 0, 0, 4, 3, 1),
                 (64, 1, 2, 3, 4, 3, 1), (64, 1, 0, 3, 4, 4, 1), (128, 1, 0, 3, 8, 3, 1)]
         if G == 32:
@@ -307,8 +292,10 @@ def pick(rows: list[dict], shapes) -> dict:
 
 def install(picks: dict) -> dict:
     """Put the "int8" and "int4" picks into quant_kernels.CONFIGS (the M = 64 pick for every
-    GEMM bucket); returns what was installed."""
+    GEMM bucket; int4 group-size overrides dropped); returns what was installed."""
     done = {}
+    for key in [k for k in qk.CONFIGS if k not in ("int8", "int4")]:
+        del qk.CONFIGS[key]
     for table in ("int8", "int4"):
         for key, p in picks.items():
             group, M = key.split("@")

@@ -11,17 +11,19 @@ Layouts:
 accumulate) or, for several rows, a tl.dot GEMM that dequantises each weight tile in
 registers, optionally split along K (fp32 partial sums, then a small reduction kernel) so
 that skinny layers still occupy every multiprocessor. Both read each weight byte once per
-call. Tile shapes come from ``CONFIGS``, keyed by format and token-count bucket; the
-figures there are the fastest measured on an H200 (``benchmarks.quant_sweep``). Every choice
-depends on shapes only, so the calls can be captured in CUDA graphs. Under
-``TRITON_INTERPRET=1`` the kernels run on CPU tensors (the tests do that).
+call. Tile shapes and variants come from ``CONFIGS``, keyed by format and token-count
+bucket. Every choice depends on shapes only, so the calls can be captured in CUDA graphs.
+Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (the tests do that).
 
-Decoding codes without an int -> float conversion (``MAGIC``): conversions run at a quarter
-of the integer/float rate, which caps a GEMV near the memory bandwidth. Instead a code is
-written into the top mantissa bits of 1.0f, an integer op: int8 q -> bits 0x3FC00000 + q *
-2^15 = 1.5 + q / 256, a nibble n -> 0x3F800000 | n << 19 = 1 + n / 16. The GEMV sums x * f
-and recovers sum x * q = 256 * (sum x f - 1.5 sum x) (16 * (sum x f - sum x) for nibbles);
-f stays within [1, 2), so the fp32 sums lose nothing that matters against bf16 outputs.
+Decoding codes without an int -> float conversion (``MAGIC``; conversions issue at a
+fraction of the integer/float rate): a code is written into the mantissa of a float, an
+integer op. GEMVs, fp32: int8 q -> bits 0x3FC00000 + q * 2^15 = 1.5 + q / 256, summed as
+x * f and recovered as 256 * (sum x f - 1.5 sum x); a nibble n -> 0x3F800000 | n << 19 =
+1 + n / 16, so n s + m = f * 16 s + (m - 16 s). f stays within [1, 2), so the fp32 sums
+lose nothing that matters against bf16 outputs. The int4 GEMM in bf16: 0x4300 | n = 128 + n.
+The int4 GEMM multiplies W x.T (``SWAP``): the dequantised tile is tl.dot's left operand
+(on Hopper the left operand of a warpgroup MMA may sit in registers, the right one must be
+in shared memory); measured 1.4-1.8x faster than x W.T on Llama-2-7B's shapes at 64 tokens.
 """
 from __future__ import annotations
 
@@ -61,54 +63,38 @@ def int4_supported(in_features: int, group_size: int) -> bool:
             and (in_features // 2) % group_size == 0)
 
 
-# Kernel parameters per format and token-count bucket (1 = GEMV; 16/32/64/128 = the GEMM's
-# BLOCK_M). SPLIT_K 0 = choose from the grid size (``_split_k``).
+# Kernel parameters per format and token-count bucket (1 = one token; 16/32/64/128 = the
+# GEMM's BLOCK_M), the fastest in ``benchmarks.quant_sweep`` on an H200 summed over
+# Llama-2-7B's four linear shapes (docs/benchmarks/quant.md). A config with MAGIC (int8) or
+# BYTES (int4) runs the GEMV, one with SPLIT_K the GEMM (16 rows, one used, at one token).
+# SPLIT_K 0 = choose from the grid size (``_split_k``). "int4-g<G>" entries override "int4"
+# for that group size.
+_INT8_GEMM = dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=0, num_warps=4, num_stages=5)
+_INT4_GEMM = dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=3, SWAP=1, num_warps=4, num_stages=3)
 CONFIGS: dict[str, dict[int, dict]] = {
-    "int8": {
-        1: dict(BLOCK_N=4, BLOCK_K=1024, MAGIC=1, num_warps=4, num_stages=3),
-        16: dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4),
-        32: dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4),
-        64: dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4),
-        128: dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=3),
-    },
-    "int4": {
-        1: dict(BLOCK_N=8, BYTES=256, MAGIC=1, num_warps=4, num_stages=3),
-        16: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=2, num_warps=4, num_stages=3),
-        32: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=2, num_warps=4, num_stages=3),
-        64: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=2, num_warps=4, num_stages=3),
-        128: dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=2, num_warps=4, num_stages=3),
-    },
+    "int8": {1: dict(BLOCK_N=8, BLOCK_K=1024, MAGIC=1, num_warps=4, num_stages=3),
+             **{m: _INT8_GEMM for m in (16, 32, 64, 128)}},
+    "int4": {1: dict(BLOCK_N=2, BYTES=1024, MAGIC=1, num_warps=4, num_stages=3),
+             **{m: _INT4_GEMM for m in (16, 32, 64, 128)}},
+    # g128 at one token: the split-K GEMM beat the GEMV (79 vs 88 us per Llama block)
+    "int4-g128": {1: dict(_INT4_GEMM, SPLIT_K=4)},
 }
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 if triton is not None:
     @triton.jit
     def _int8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, EVEN: tl.constexpr,
-                   PREFETCH: tl.constexpr):
+                   BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, EVEN: tl.constexpr):
         # y[n] = scale[n] * sum_k x[k] * q[n, k]; one program per BLOCK_N outputs, each
         # thread streaming 16-byte pieces of rows; one fp32 partial per (row, column) slot.
-        # x is loaded as a [1, BLOCK_K] row so that it shares the weight tile's layout (each
-        # thread loads the x it multiplies; a [BLOCK_K] vector would be redistributed through
-        # shared memory, with barriers, every step). PREFETCH: the next tile's loads are
-        # issued before this tile's arithmetic (a register double buffer).
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         xs = tl.zeros((1, BLOCK_K), dtype=tl.float32)
         w_ptrs = w_ptr + rn[:, None] * K + rk
-        if PREFETCH:
-            w_nxt = tl.load(w_ptrs, mask=(rn[:, None] < N) & (rk < K), other=0)
-            x_nxt = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + rk
-            if PREFETCH:
-                w, x = w_nxt, x_nxt.to(tl.float32)
-                kn = k + BLOCK_K
-                w_nxt = tl.load(w_ptrs + k0 + BLOCK_K, mask=(rn[:, None] < N) & (kn < K),
-                                other=0)
-                x_nxt = tl.load(x_ptr + kn, mask=kn < K, other=0.0)
-            elif EVEN:
+            if EVEN:
                 x = tl.load(x_ptr + k).to(tl.float32)
                 w = tl.load(w_ptrs + k0)
             else:
@@ -127,174 +113,56 @@ if triton is not None:
         tl.store(y_ptr + rn, (t * s).to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @triton.jit
-    def _int8_gemv_r3(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, EVEN: tl.constexpr,
-                      VEC: tl.constexpr):
-        # As _int8_gemv, with the tile read as [BLOCK_N, BLOCK_K / VEC, VEC] and each
-        # thread's VEC products summed at once: the accumulator is 1/VEC of the tile, so
-        # fewer registers per thread and more programs (bytes in flight) per SM. VEC = 8:
-        # codes and x both load 8 per thread, so x needs no redistribution (through shared
-        # memory, with barriers) to meet its codes, when BLOCK_K >= 256 * num_warps.
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        kk = (tl.arange(0, BLOCK_K // VEC)[:, None] * VEC
-              + tl.arange(0, VEC)[None, :])[None, :, :]  # [1, BK/VEC, VEC]
-        acc = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-        xs = tl.zeros((1, BLOCK_K // VEC), dtype=tl.float32)
-        w_ptrs = w_ptr + rn[:, None, None] * K + kk
-        for k0 in range(0, K, BLOCK_K):
-            if EVEN:
-                x = tl.load(x_ptr + k0 + kk).to(tl.float32)
-                w = tl.load(w_ptrs + k0)
-            else:
-                km = k0 + kk < K
-                x = tl.load(x_ptr + k0 + kk, mask=km, other=0.0).to(tl.float32)
-                w = tl.load(w_ptrs + k0, mask=(rn[:, None, None] < N) & km, other=0)
-            if MAGIC:
-                f = (w.to(tl.int32) * 32768 + 0x3FC00000).to(tl.float32, bitcast=True)
-                xs += tl.sum(x, axis=2)
-            else:
-                f = w.to(tl.float32)
-            acc += tl.sum(f * x, axis=2)
-        t = tl.sum(acc, axis=1)  # [BN]
-        if MAGIC:
-            t = 256.0 * (t - 1.5 * tl.sum(tl.sum(xs, axis=1), axis=0))
-        s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rn, (t * s).to(y_ptr.dtype.element_ty), mask=rn < N)
-
-    @triton.jit
-    def _int4_gemv4(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
-                    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr):
-        # As _int4_gemv (ACC3, MAGIC), with each group's G bytes read as [G / 8, 8]: codes
-        # and x both load 8 per thread, so they share one layout and x needs no trip
-        # through shared memory; every tensor is 4-D [BN, GROUPS, G / 8, 8].
-        half = K // 2
-        ng = K // G
-        hg = half // G
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        r4 = rn[:, None, None, None]
-        rg = tl.arange(0, GROUPS)[None, :, None, None]
-        re = (tl.arange(0, G // 8)[:, None] * 8 + tl.arange(0, 8)[None, :])[None, None, :, :]
-        acc = tl.zeros((BLOCK_N, GROUPS, G // 8, 8), dtype=tl.float32)
-        for j0 in range(0, half, GROUPS * G):
-            g = j0 // G + rg  # [1, GROUPS, 1, 1]
-            j = g * G + re  # [1, GROUPS, G/8, 8] byte columns
-            sidx = r4 * ng + g  # [BN, GROUPS, 1, 1]
-            if EVEN:
-                b = tl.load(p_ptr + r4 * half + j)
-                x_lo = tl.load(x_ptr + j).to(tl.float32)
-                x_hi = tl.load(x_ptr + half + j).to(tl.float32)
-                s_lo = tl.load(s_ptr + sidx).to(tl.float32)
-                z_lo = tl.load(z_ptr + sidx).to(tl.float32)
-                s_hi = tl.load(s_ptr + sidx + hg).to(tl.float32)
-                z_hi = tl.load(z_ptr + sidx + hg).to(tl.float32)
-            else:
-                gm = g < hg
-                sm = (r4 < N) & gm
-                b = tl.load(p_ptr + r4 * half + j, mask=sm, other=0)
-                x_lo = tl.load(x_ptr + j, mask=gm, other=0.0).to(tl.float32)
-                x_hi = tl.load(x_ptr + half + j, mask=gm, other=0.0).to(tl.float32)
-                s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
-                z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
-                s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
-                z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
-            bi = b.to(tl.int32)
-            f_lo = (((bi << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-            f_hi = (((bi << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-            # n s + m = f * 16 s + (m - 16 s) with f = 1 + n / 16
-            w_lo = f_lo * (16.0 * s_lo) + (z_lo - 16.0 * s_lo)
-            w_hi = f_hi * (16.0 * s_hi) + (z_hi - 16.0 * s_hi)
-            acc += w_lo * x_lo + w_hi * x_hi
-        y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
-        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
-
-    @triton.jit
-    def _int4_tile(x_ptr, p_ptr, s_ptr, z_ptr, rn, j0, N, half, ng,
-                   G: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr):
-        """The loads of one GEMV step: codes [BN, GROUPS, G], x of both halves
-        [1, GROUPS, G], scales and mins of both halves [BN, GROUPS]."""
-        hg = half // G
-        g = j0 // G + tl.arange(0, GROUPS)  # [GROUPS]
-        j = (g[:, None] * G + tl.arange(0, G)[None, :])[None, :, :]  # [1, GROUPS, G] bytes
-        sidx = rn[:, None] * ng + g[None, :]  # [BN, GROUPS]
-        if EVEN:
-            b = tl.load(p_ptr + rn[:, None, None] * half + j)
-            x_lo = tl.load(x_ptr + j)  # [1, GROUPS, G]: the codes' layout (see _int8_gemv)
-            x_hi = tl.load(x_ptr + half + j)
-            s_lo = tl.load(s_ptr + sidx)
-            z_lo = tl.load(z_ptr + sidx)
-            s_hi = tl.load(s_ptr + sidx + hg)
-            z_hi = tl.load(z_ptr + sidx + hg)
-        else:
-            gm = g < hg
-            sm = (rn[:, None] < N) & gm[None, :]
-            b = tl.load(p_ptr + rn[:, None, None] * half + j, mask=sm[:, :, None], other=0)
-            x_lo = tl.load(x_ptr + j, mask=gm[None, :, None], other=0.0)
-            x_hi = tl.load(x_ptr + half + j, mask=gm[None, :, None], other=0.0)
-            s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0)
-            z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0)
-            s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0)
-            z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0)
-        return b, x_lo, x_hi, s_lo, z_lo, s_hi, z_hi
-
-    @triton.jit
     def _int4_gemv(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
                    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, MAGIC: tl.constexpr,
-                   EVEN: tl.constexpr, PREFETCH: tl.constexpr, ACC3: tl.constexpr):
+                   EVEN: tl.constexpr):
         # Byte j of a row holds columns j (low nibble) and j + K/2 (high nibble). A tile is
-        # [BLOCK_N rows, GROUPS groups, G bytes]; per group sum_k (q s + m) x =
-        # s * sum_k q x + m * sum_k x, so scales and mins load once per group. PREFETCH: the
-        # next step's loads are issued before this step's arithmetic.
+        # [BLOCK_N rows, GROUPS groups, G bytes]; every weight is dequantised in fp32 and
+        # multiplied into a [BN, GROUPS, G] accumulator, reduced once at the end (per-group
+        # sums inside the loop cost more in shuffles than they save). MAGIC: f = 1 + n / 16,
+        # so n s + m = f * 16 s + (m - 16 s), one FMA.
         half = K // 2
         ng = K // G
+        hg = half // G
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
-        acc3 = tl.zeros((BLOCK_N, GROUPS if ACC3 else 1, G if ACC3 else 1), dtype=tl.float32)
-        if PREFETCH:
-            nxt = _int4_tile(x_ptr, p_ptr, s_ptr, z_ptr, rn, 0, N, half, ng, G, GROUPS, EVEN)
+        acc = tl.zeros((BLOCK_N, GROUPS, G), dtype=tl.float32)
         for j0 in range(0, half, GROUPS * G):
-            if PREFETCH:
-                b, x_lo, x_hi, s_lo, z_lo, s_hi, z_hi = nxt
-                # one step past the end: masked, or in bounds of the next rows' bytes
-                nxt = _int4_tile(x_ptr, p_ptr, s_ptr, z_ptr, rn, j0 + GROUPS * G, N, half, ng,
-                                 G, GROUPS, False)
+            g = j0 // G + tl.arange(0, GROUPS)  # [GROUPS]
+            j = (g[:, None] * G + tl.arange(0, G)[None, :])[None, :, :]  # [1, GROUPS, G]
+            sidx = rn[:, None] * ng + g[None, :]  # [BN, GROUPS]
+            if EVEN:
+                b = tl.load(p_ptr + rn[:, None, None] * half + j)
+                x_lo = tl.load(x_ptr + j)
+                x_hi = tl.load(x_ptr + half + j)
+                s_lo = tl.load(s_ptr + sidx)
+                z_lo = tl.load(z_ptr + sidx)
+                s_hi = tl.load(s_ptr + sidx + hg)
+                z_hi = tl.load(z_ptr + sidx + hg)
             else:
-                b, x_lo, x_hi, s_lo, z_lo, s_hi, z_hi = _int4_tile(
-                    x_ptr, p_ptr, s_ptr, z_ptr, rn, j0, N, half, ng, G, GROUPS, EVEN)
-            x_lo, x_hi = x_lo.to(tl.float32), x_hi.to(tl.float32)
+                gm = g < hg
+                sm = (rn[:, None] < N) & gm[None, :]
+                b = tl.load(p_ptr + rn[:, None, None] * half + j, mask=sm[:, :, None], other=0)
+                x_lo = tl.load(x_ptr + j, mask=gm[None, :, None], other=0.0)
+                x_hi = tl.load(x_ptr + half + j, mask=gm[None, :, None], other=0.0)
+                s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0)
+                z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0)
+                s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0)
+                z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0)
             s_lo, z_lo = s_lo.to(tl.float32), z_lo.to(tl.float32)
             s_hi, z_hi = s_hi.to(tl.float32), z_hi.to(tl.float32)
             bi = b.to(tl.int32)  # [BN, GROUPS, G]
-            if ACC3:
-                # Each weight dequantised in fp32 and multiplied into a [BN, GROUPS, G]
-                # accumulator: no reduction inside the loop. MAGIC: f = 1 + n / 16, so
-                # n s + m = f * 16 s + (m - 16 s), one FMA.
-                if MAGIC:
-                    f_lo = (((bi << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-                    f_hi = (((bi << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-                    s_lo, s_hi = 16.0 * s_lo, 16.0 * s_hi
-                    z_lo, z_hi = z_lo - s_lo, z_hi - s_hi
-                else:
-                    f_lo = (bi & 15).to(tl.float32)
-                    f_hi = (bi >> 4).to(tl.float32)
-                w_lo = f_lo * s_lo[:, :, None] + z_lo[:, :, None]
-                w_hi = f_hi * s_hi[:, :, None] + z_hi[:, :, None]
-                acc3 += w_lo * x_lo + w_hi * x_hi
+            if MAGIC:
+                f_lo = (((bi << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                f_hi = (((bi << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                s_lo, s_hi = 16.0 * s_lo, 16.0 * s_hi
+                z_lo, z_hi = z_lo - s_lo, z_hi - s_hi
             else:
-                xs_lo = tl.sum(x_lo, axis=2)  # [1, GROUPS]
-                xs_hi = tl.sum(x_hi, axis=2)
-                if MAGIC:
-                    f_lo = (((bi << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-                    f_hi = (((bi << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-                    qx_lo = 16.0 * (tl.sum(f_lo * x_lo, axis=2) - xs_lo)  # [BN, GROUPS]
-                    qx_hi = 16.0 * (tl.sum(f_hi * x_hi, axis=2) - xs_hi)
-                else:
-                    qx_lo = tl.sum((bi & 15).to(tl.float32) * x_lo, axis=2)
-                    qx_hi = tl.sum((bi >> 4).to(tl.float32) * x_hi, axis=2)
-                acc += s_lo * qx_lo + z_lo * xs_lo + s_hi * qx_hi + z_hi * xs_hi
-        if ACC3:
-            y = tl.sum(tl.sum(acc3, axis=2), axis=1)
-        else:
-            y = tl.sum(acc, axis=1)
+                f_lo = (bi & 15).to(tl.float32)
+                f_hi = (bi >> 4).to(tl.float32)
+            w_lo = f_lo * s_lo[:, :, None] + z_lo[:, :, None]
+            w_hi = f_hi * s_hi[:, :, None] + z_hi[:, :, None]
+            acc += w_lo * x_lo.to(tl.float32) + w_hi * x_hi.to(tl.float32)
+        y = tl.sum(tl.sum(acc, axis=2), axis=1)
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @triton.jit
@@ -354,11 +222,11 @@ if triton is not None:
     @triton.jit
     def _dequant_int4(b, s_lo, z_lo, s_hi, z_hi, MAGIC: tl.constexpr):
         """Both halves' weights from a tile of code bytes b, scales/mins broadcastable to
-        it: 0 = int -> fp32 conversions, 1 = exponent trick in fp32, 2 = in the scales'
-        dtype (the model dtype: bf16 FMAs on Hopper), 3 = 2 with bf16's exponent trick."""
+        it. MAGIC 0: int -> fp32 conversions and fp32 FMAs; 2: in the scales' dtype (the
+        model dtype: packed bf16 FMAs on Hopper); 3: as 2, and for bf16 the code comes from
+        bf16's exponent trick (bits 0x4300 | n = 128 + n exactly), no conversion at all."""
         bi = b.to(tl.int32)
         if MAGIC == 3 and s_lo.dtype == tl.bfloat16:
-            # bf16 bits 0x4300 | n = 128 + n exactly: no int -> float conversion at all
             q_lo = ((bi & 15) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 128.0
             q_hi = ((bi >> 4) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 128.0
             w_lo = q_lo * s_lo + z_lo
@@ -367,14 +235,8 @@ if triton is not None:
             w_lo = (bi & 15).to(s_lo.dtype) * s_lo + z_lo
             w_hi = (bi >> 4).to(s_hi.dtype) * s_hi + z_hi
         else:
-            if MAGIC:  # n = (bits of 2^23 + n) - 2^23: integer ops and one add
-                q_lo = ((bi & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-                q_hi = ((bi >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            else:
-                q_lo = (bi & 15).to(tl.float32)
-                q_hi = (bi >> 4).to(tl.float32)
-            w_lo = q_lo * s_lo.to(tl.float32) + z_lo.to(tl.float32)
-            w_hi = q_hi * s_hi.to(tl.float32) + z_hi.to(tl.float32)
+            w_lo = (bi & 15).to(tl.float32) * s_lo.to(tl.float32) + z_lo.to(tl.float32)
+            w_hi = (bi >> 4).to(tl.float32) * s_hi.to(tl.float32) + z_hi.to(tl.float32)
         return w_lo, w_hi
 
     @triton.jit
@@ -497,15 +359,9 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     if M == 1 and "MAGIC" in cfg:  # GEMV configs carry MAGIC, GEMM configs SPLIT_K
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
-        even = N % bn == 0 and K % bk == 0
-        if cfg.get("R3"):
-            _int8_gemv_r3[(triton.cdiv(N, bn),)](
-                x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"], EVEN=even,
-                VEC=cfg["R3"], **_launch_opts(cfg))
-            return y
         _int8_gemv[(triton.cdiv(N, bn),)](
-            x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"], EVEN=even,
-            PREFETCH=cfg.get("PREFETCH", 0), **_launch_opts(cfg))
+            x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"],
+            EVEN=N % bn == 0 and K % bk == 0, **_launch_opts(cfg))
         return y
     bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
     tiles = triton.cdiv(M, bucket) * triton.cdiv(N, bn)
@@ -526,21 +382,16 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
     N, G = packed.shape[0], group_size
     half = K // 2
     x = x.contiguous()
-    cfg = config or CONFIGS["int4"][_bucket(M)]
+    bucket_m = _bucket(M)
+    cfg = config or CONFIGS.get(f"int4-g{G}", {}).get(bucket_m) or CONFIGS["int4"][bucket_m]
     bucket = max(16, _bucket(M))
     if M == 1 and "BYTES" in cfg:  # GEMV configs carry BYTES, GEMM configs GROUPS
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn = cfg["BLOCK_N"]
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
-        if cfg.get("V8"):
-            _int4_gemv4[(triton.cdiv(N, bn),)](
-                x, packed, scale, lo, y, N, K, G=G, BLOCK_N=bn, GROUPS=groups,
-                EVEN=N % bn == 0 and half % (groups * G) == 0, **_launch_opts(cfg))
-            return y
         _int4_gemv[(triton.cdiv(N, bn),)](
             x, packed, scale, lo, y, N, K, G=G, BLOCK_N=bn, GROUPS=groups, MAGIC=cfg["MAGIC"],
-            EVEN=N % bn == 0 and half % (groups * G) == 0, PREFETCH=cfg.get("PREFETCH", 0),
-            ACC3=cfg.get("ACC3", 0), **_launch_opts(cfg))
+            EVEN=N % bn == 0 and half % (groups * G) == 0, **_launch_opts(cfg))
         return y
     bn, groups = cfg["BLOCK_N"], cfg["GROUPS"]
     step = groups * G
