@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import statistics
 import time
 from functools import partial
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 
 from backend.layers import quant_kernels as qk
 from backend.layers.quantize import quantize_int4, quantize_int8
+from benchmarks.quant import engine_level
 
 SHAPES_7B = (("qkv", 12288, 4096), ("o", 4096, 4096), ("gate_up", 22016, 4096),
              ("down", 4096, 11008))
@@ -363,7 +363,6 @@ def main(argv: list[str] | None = None) -> None:
         {"picks": picks, "installed": installed, "configs": qk.CONFIGS}, indent=1))
     engine = {}
     if not args.smoke and args.engine:
-        from benchmarks.quant import engine_level  # GPU-only part; keeps --smoke light
         for spec in args.engine.split(","):
             if time.perf_counter() - start > args.budget_s:
                 engine[spec] = {"skipped": "budget"}
