@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from backend.layers import quant_kernels as qk
 from backend.layers.quantize import quantize_int4, quantize_int8
-from benchmarks.quant import engine_level
+from benchmarks.quant import engine_level, graph_time_us
 
 SHAPES_7B = (("qkv", 12288, 4096), ("o", 4096, 4096), ("gate_up", 22016, 4096),
              ("down", 4096, 11008))
@@ -133,33 +133,14 @@ class Weights:
         return partial(qk.int4_matmul, x, packed, scale, lo, G, _config(v))
 
 
-def _time_us(fn, device: torch.device, iters: int = 30) -> float:
-    """Median per call of CUDA-graph replays of ``iters`` calls (as the engine's graphs run
-    them); on the CPU (smoke) a wall-clock median."""
+def _time_us(fn, device: torch.device) -> float:
+    """CUDA-graph replays (``benchmarks.quant.graph_time_us``); on the CPU (smoke) the
+    wall-clock time of one call."""
     if device.type != "cuda":
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e6
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / iters)
-    del g
-    return statistics.median(times)
+    return graph_time_us(fn, iters=30)
 
 
 def copy_gbs(device: torch.device) -> float:

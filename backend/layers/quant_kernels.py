@@ -329,6 +329,16 @@ def _split_k(split: int, tiles: int, steps: int, device: torch.device) -> int:
     return max(1, min(split, steps))
 
 
+def _split_range(cfg: dict, M: int, N: int, length: int, step: int, bucket: int,
+                 device: torch.device) -> tuple[int, int]:
+    """(programs along K, K range per program: a multiple of ``step``) for a GEMM over
+    ``length`` of K in steps of ``step``."""
+    tiles = triton.cdiv(M, bucket) * triton.cdiv(N, cfg["BLOCK_N"])
+    split = _split_k(cfg["SPLIT_K"], tiles, triton.cdiv(length, step), device)
+    per = triton.cdiv(triton.cdiv(length, step), split) * step
+    return triton.cdiv(length, per), per
+
+
 def _launch_opts(cfg: dict) -> dict:
     return {} if INTERPRET else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
@@ -364,10 +374,7 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
             EVEN=N % bn == 0 and K % bk == 0, **_launch_opts(cfg))
         return y
     bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
-    tiles = triton.cdiv(M, bucket) * triton.cdiv(N, bn)
-    split = _split_k(cfg["SPLIT_K"], tiles, triton.cdiv(K, bk), x.device)
-    k_split = triton.cdiv(triton.cdiv(K, bk), split) * bk
-    split = triton.cdiv(K, k_split)
+    split, k_split = _split_range(cfg, M, N, K, bk, bucket, x.device)
     y, out = _gemm_out(x, M, N, split)
     _int8_gemm[(triton.cdiv(M, bucket), triton.cdiv(N, bn), split)](
         x, q, scale, out, M, N, K, k_split, BLOCK_M=bucket, BLOCK_N=bn, BLOCK_K=bk,
@@ -394,11 +401,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
             EVEN=N % bn == 0 and half % (groups * G) == 0, **_launch_opts(cfg))
         return y
     bn, groups = cfg["BLOCK_N"], cfg["GROUPS"]
-    step = groups * G
-    tiles = triton.cdiv(M, bucket) * triton.cdiv(N, bn)
-    split = _split_k(cfg["SPLIT_K"], tiles, triton.cdiv(half, step), x.device)
-    j_split = triton.cdiv(triton.cdiv(half, step), split) * step
-    split = triton.cdiv(half, j_split)
+    split, j_split = _split_range(cfg, M, N, half, groups * G, bucket, x.device)
     y, out = _gemm_out(x, M, N, split)
     _int4_gemm[(triton.cdiv(M, bucket), triton.cdiv(N, bn), split)](
         x, packed, scale, lo, out, M, N, K, j_split, G=G, BLOCK_M=bucket, BLOCK_N=bn,
