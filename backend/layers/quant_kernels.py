@@ -329,11 +329,11 @@ def _split_k(split: int, tiles: int, steps: int, device: torch.device) -> int:
     return max(1, min(split, steps))
 
 
-def _split_range(cfg: dict, M: int, N: int, length: int, step: int, bucket: int,
+def _split_range(cfg: dict, M: int, N: int, length: int, step: int, block_m: int,
                  device: torch.device) -> tuple[int, int]:
     """(programs along K, K range per program: a multiple of ``step``) for a GEMM over
     ``length`` of K in steps of ``step``."""
-    tiles = triton.cdiv(M, bucket) * triton.cdiv(N, cfg["BLOCK_N"])
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, cfg["BLOCK_N"])
     split = _split_k(cfg["SPLIT_K"], tiles, triton.cdiv(length, step), device)
     per = triton.cdiv(triton.cdiv(length, step), split) * step
     return triton.cdiv(length, per), per
@@ -365,7 +365,7 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     N = q.shape[0]
     x = x.contiguous()
     cfg = config or CONFIGS["int8"][_bucket(M)]
-    bucket = max(16, _bucket(M))  # a GEMM config at M = 1 pads to 16 rows
+    block_m = max(16, _bucket(M))  # a GEMM config at M = 1 pads to 16 rows
     if M == 1 and "MAGIC" in cfg:  # GEMV configs carry MAGIC, GEMM configs SPLIT_K
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
@@ -374,10 +374,10 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
             EVEN=N % bn == 0 and K % bk == 0, **_launch_opts(cfg))
         return y
     bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
-    split, k_split = _split_range(cfg, M, N, K, bk, bucket, x.device)
+    split, k_split = _split_range(cfg, M, N, K, bk, block_m, x.device)
     y, out = _gemm_out(x, M, N, split)
-    _int8_gemm[(triton.cdiv(M, bucket), triton.cdiv(N, bn), split)](
-        x, q, scale, out, M, N, K, k_split, BLOCK_M=bucket, BLOCK_N=bn, BLOCK_K=bk,
+    _int8_gemm[(triton.cdiv(M, block_m), triton.cdiv(N, bn), split)](
+        x, q, scale, out, M, N, K, k_split, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk,
         PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0), **_launch_opts(cfg))
     return _finish(y, out, split)
 
@@ -389,9 +389,9 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
     N, G = packed.shape[0], group_size
     half = K // 2
     x = x.contiguous()
-    bucket_m = _bucket(M)
-    cfg = config or CONFIGS.get(f"int4-g{G}", {}).get(bucket_m) or CONFIGS["int4"][bucket_m]
-    bucket = max(16, _bucket(M))
+    bucket = _bucket(M)
+    cfg = config or CONFIGS.get(f"int4-g{G}", {}).get(bucket) or CONFIGS["int4"][bucket]
+    block_m = max(16, bucket)
     if M == 1 and "BYTES" in cfg:  # GEMV configs carry BYTES, GEMM configs GROUPS
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn = cfg["BLOCK_N"]
@@ -401,10 +401,10 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
             EVEN=N % bn == 0 and half % (groups * G) == 0, **_launch_opts(cfg))
         return y
     bn, groups = cfg["BLOCK_N"], cfg["GROUPS"]
-    split, j_split = _split_range(cfg, M, N, half, groups * G, bucket, x.device)
+    split, j_split = _split_range(cfg, M, N, half, groups * G, block_m, x.device)
     y, out = _gemm_out(x, M, N, split)
-    _int4_gemm[(triton.cdiv(M, bucket), triton.cdiv(N, bn), split)](
-        x, packed, scale, lo, out, M, N, K, j_split, G=G, BLOCK_M=bucket, BLOCK_N=bn,
+    _int4_gemm[(triton.cdiv(M, block_m), triton.cdiv(N, bn), split)](
+        x, packed, scale, lo, out, M, N, K, j_split, G=G, BLOCK_M=block_m, BLOCK_N=bn,
         GROUPS=groups, MAGIC=cfg["MAGIC"], PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0),
         **_launch_opts(cfg))
     return _finish(y, out, split)
