@@ -106,7 +106,7 @@ def cpu_crossover(reps: int) -> list[dict]:
     return rows
 
 
-def _time_us(fn, iters: int = 50) -> float:
+def graph_time_us(fn, iters: int = 50) -> float:
     """Median of CUDA-graph replays of ``iters`` calls (launch overhead excluded, as in the
     engine's decode graphs)."""
     s = torch.cuda.Stream()
@@ -150,7 +150,7 @@ def layer_level(peak_gbs: float) -> list[dict]:
             for fmt_name, layer in layers.items():
                 ref = x.float() @ layer.dequantized().t()
                 err = ((layer(x).float() - ref).abs().max() / ref.abs().max()).item()
-                us = _time_us(partial(layer, x))
+                us = graph_time_us(partial(layer, x))
                 nbytes = _weight_bytes(layer)
                 rows.append({"shape": name, "N": N, "K": K, "M": M, "format": fmt_name,
                              "kernel": layer.kernel, "us": round(us, 2),

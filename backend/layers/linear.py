@@ -13,9 +13,10 @@ Kernels (``Linear.kernel`` names the one that runs):
     read the packed codes directly) for few tokens; from ``cpu_dequant.DENSE_MIN_ROWS``
     tokens on (prefill) the weight is dequantised per call into a scratch buffer and the
     dense matmul runs (``cpu_dequant``).
-  * CUDA int8/int4: Triton dequantising GEMV (one token) and GEMM (up to ``TRITON_MAX_M``
-    tokens) from ``quant_kernels``; larger batches (prefill) dequantise to the model dtype
-    and run cuBLAS, where the matmul is compute-bound and the extra weight pass is small.
+  * CUDA int8/int4: Triton GEMV (one token) and dequantising GEMM (up to ``TRITON_MAX_M``
+    tokens, split along K for skinny layers) from ``quant_kernels``, tile shapes per token
+    count from its ``CONFIGS``; larger batches (prefill) dequantise to the model dtype and
+    run cuBLAS, where the matmul is compute-bound and the extra weight pass is small.
 """
 from __future__ import annotations
 
@@ -291,7 +292,10 @@ class Int4Linear(_QuantizedLinear):
             self.register_buffer("packed", quant_kernels.pack_int4(codes))  # [N, K / 2] uint8
             self.register_buffer("scale", scale.to(self.dtype).contiguous())  # [N, K / G]
             self.register_buffer("min", lo.to(self.dtype).contiguous())
-            self.kernel = "triton-int4" if quant_kernels.AVAILABLE else "dequant+F.linear"
+            # The Triton kernels tile one group as a power-of-two block of >= 16 bytes.
+            self.triton = quant_kernels.AVAILABLE and quant_kernels.int4_supported(
+                self.in_features, self.group_size)
+            self.kernel = "triton-int4" if self.triton else "dequant+F.linear"
 
     def dequantized(self) -> torch.Tensor:
         K, G = self.in_features, self.group_size
@@ -309,7 +313,7 @@ class Int4Linear(_QuantizedLinear):
                 y = cpu_dequant.int4_matmul(x, self.packed, self.scale_zero, G)
             else:
                 y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)
-        elif quant_kernels.AVAILABLE and x.shape[0] <= TRITON_MAX_M:
+        elif self.triton and x.shape[0] <= TRITON_MAX_M:
             y = quant_kernels.int4_matmul(x, self.packed, self.scale, self.min, G)
         else:
             y = F.linear(x, quant_kernels.dequantize_int4(self.packed, self.scale, self.min, G))

@@ -7,10 +7,23 @@ Layouts:
     two halves of a row share a byte, so one contiguous tile of bytes feeds two contiguous
     tiles of x); scale / min [N, K / G] (model dtype); W = code * scale + min.
 
-``int8_matmul`` / ``int4_matmul`` pick a GEMV (one row of x: a reduction per output, fp32
-accumulate) or a tl.dot GEMM that dequantises each weight tile in registers (several rows).
-Both read each weight byte once per call, so decode moves 1/2 (int8) or ~1/4 (int4) of bf16's
-weight bytes. Under ``TRITON_INTERPRET=1`` they run on CPU tensors (the tests do that).
+``int8_matmul`` / ``int4_matmul`` run a GEMV for one row of x (a reduction per output, fp32
+accumulate) or, for several rows, a tl.dot GEMM that dequantises each weight tile in
+registers, optionally split along K (fp32 partial sums, then a small reduction kernel) so
+that skinny layers still occupy every multiprocessor. Both read each weight byte once per
+call. Tile shapes and variants come from ``CONFIGS``, keyed by format and token-count
+bucket. Every choice depends on shapes only, so the calls can be captured in CUDA graphs.
+Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (the tests do that).
+
+Decoding codes without an int -> float conversion (``MAGIC``; conversions issue at a
+fraction of the integer/float rate): a code is written into the mantissa of a float, an
+integer op. GEMVs, fp32: int8 q -> bits 0x3FC00000 + q * 2^15 = 1.5 + q / 256, summed as
+x * f and recovered as 256 * (sum x f - 1.5 sum x); a nibble n -> 0x3F800000 | n << 19 =
+1 + n / 16, so n s + m = f * 16 s + (m - 16 s). f stays within [1, 2), so the fp32 sums
+lose nothing that matters against bf16 outputs. The int4 GEMM in bf16: 0x4300 | n = 128 + n.
+The int4 GEMM multiplies W x.T (``SWAP``): the dequantised tile is tl.dot's left operand
+(on Hopper the left operand of a warpgroup MMA may sit in registers, the right one must be
+in shared memory); measured 1.4-1.8x faster than x W.T on Llama-2-7B's shapes at 64 tokens.
 """
 from __future__ import annotations
 
@@ -44,179 +57,354 @@ def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
     return (g * scale.unsqueeze(-1) + lo.unsqueeze(-1)).view(N, K)
 
 
+def int4_supported(in_features: int, group_size: int) -> bool:
+    """The kernels tile a group as one power-of-two block of >= 16 bytes of each row half."""
+    return (group_size >= 16 and group_size & (group_size - 1) == 0
+            and (in_features // 2) % group_size == 0)
+
+
+# Kernel parameters per format and token-count bucket (1 = one token; 16/32/64/128 = the
+# GEMM's BLOCK_M), the fastest in ``benchmarks.quant_sweep`` on an H200 summed over
+# Llama-2-7B's four linear shapes (docs/benchmarks/quant.md). A config with MAGIC (int8) or
+# BYTES (int4) runs the GEMV, one with SPLIT_K the GEMM (16 rows, one used, at one token).
+# SPLIT_K 0 = choose from the grid size (``_split_k``). "int4-g<G>" entries override "int4"
+# for that group size.
+_INT8_GEMM = dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=0, num_warps=4, num_stages=5)
+_INT4_GEMM = dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=3, SWAP=1, num_warps=4, num_stages=3)
+CONFIGS: dict[str, dict[int, dict]] = {
+    "int8": {1: dict(BLOCK_N=8, BLOCK_K=1024, MAGIC=1, num_warps=4, num_stages=3),
+             **{m: _INT8_GEMM for m in (16, 32, 64, 128)}},
+    "int4": {1: dict(BLOCK_N=2, BYTES=1024, MAGIC=1, num_warps=4, num_stages=3),
+             **{m: _INT4_GEMM for m in (16, 32, 64, 128)}},
+    # g128 at one token: the split-K GEMM beat the GEMV (79 vs 88 us per Llama block)
+    "int4-g128": {1: dict(_INT4_GEMM, SPLIT_K=4)},
+}
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
-
-def _configs(params: list[dict], warps: list[int], stages: int = 3) -> list:
-    """Autotuning candidates (the interpreter runs the first only: it checks values, and
-    timing it means nothing)."""
-    configs = [triton.Config(p, num_warps=w, num_stages=stages) for p, w in zip(params, warps)]
-    return configs[:1] if INTERPRET else configs
-
-
 if triton is not None:
-    _GEMV8 = _configs([dict(BLOCK_N=16, BLOCK_K=512), dict(BLOCK_N=8, BLOCK_K=512),
-                       dict(BLOCK_N=32, BLOCK_K=256), dict(BLOCK_N=16, BLOCK_K=1024),
-                       dict(BLOCK_N=64, BLOCK_K=128), dict(BLOCK_N=4, BLOCK_K=1024)],
-                      [4, 4, 4, 8, 4, 4])
-    # int4: BLOCK_K bytes = GROUPS groups of G columns from each half of a row.
-    _GEMV4 = _configs([dict(BLOCK_N=16, GROUPS=4), dict(BLOCK_N=8, GROUPS=8),
-                       dict(BLOCK_N=32, GROUPS=2), dict(BLOCK_N=16, GROUPS=8),
-                       dict(BLOCK_N=64, GROUPS=1), dict(BLOCK_N=4, GROUPS=8)],
-                      [4, 4, 4, 8, 4, 4])
-    _GEMM8 = _configs([dict(BLOCK_N=64, BLOCK_K=128), dict(BLOCK_N=32, BLOCK_K=128),
-                       dict(BLOCK_N=128, BLOCK_K=64), dict(BLOCK_N=32, BLOCK_K=256),
-                       dict(BLOCK_N=64, BLOCK_K=256)], [4, 4, 4, 4, 8], stages=3)
-    # Two pipeline stages: a tile of G=128 groups with x for both halves fills shared memory.
-    _GEMM4 = _configs([dict(BLOCK_N=64, GROUPS=1), dict(BLOCK_N=32, GROUPS=2),
-                       dict(BLOCK_N=128, GROUPS=1), dict(BLOCK_N=32, GROUPS=1),
-                       dict(BLOCK_N=64, GROUPS=2)], [4, 4, 4, 4, 8], stages=2)
-
-    @triton.autotune(configs=_GEMV8, key=["N", "K"])
     @triton.jit
-    def _int8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, N, K,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # y[n] = scale[n] * sum_k x[k] * q[n, k]; one program per BLOCK_N outputs.
+    def _int8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, EVEN: tl.constexpr):
+        # y[n] = scale[n] * sum_k x[k] * q[n, k]; one program per BLOCK_N outputs, each
+        # thread streaming 16-byte pieces of rows; one fp32 partial per (row, column) slot.
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
+        rk = tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        xs = tl.zeros((1, BLOCK_K), dtype=tl.float32)
+        w_ptrs = w_ptr + rn[:, None] * K + rk
         for k0 in range(0, K, BLOCK_K):
             k = k0 + rk
-            x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + rn[:, None] * K + k[None, :],
-                        mask=(rn[:, None] < N) & (k[None, :] < K), other=0)
-            acc += w.to(tl.float32) * x[None, :]
+            if EVEN:
+                x = tl.load(x_ptr + k).to(tl.float32)
+                w = tl.load(w_ptrs + k0)
+            else:
+                x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+                w = tl.load(w_ptrs + k0, mask=(rn[:, None] < N) & (k < K), other=0)
+            if MAGIC:
+                f = (w.to(tl.int32) * 32768 + 0x3FC00000).to(tl.float32, bitcast=True)
+                xs += x
+            else:
+                f = w.to(tl.float32)
+            acc += f * x
+        t = tl.sum(acc, axis=1)  # [BN]
+        if MAGIC:
+            t = 256.0 * (t - 1.5 * tl.sum(tl.sum(xs, axis=1), axis=0))
         s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-        y = tl.sum(acc, axis=1) * s
-        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+        tl.store(y_ptr + rn, (t * s).to(y_ptr.dtype.element_ty), mask=rn < N)
 
-    @triton.autotune(configs=_GEMM8, key=["N", "K", "M_BUCKET"])
     @triton.jit
-    def _int8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, M_BUCKET,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # y[m, n] = scale[n] * sum_k x[m, k] q[n, k]; weight tiles dequantised in registers.
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + rk
-            x = tl.load(x_ptr + rm[:, None] * K + k[None, :],
-                        mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
-            w = tl.load(w_ptr + rn[None, :] * K + k[:, None],
-                        mask=(rn[None, :] < N) & (k[:, None] < K), other=0)  # [BK, BN]
-            acc = tl.dot(x, w.to(x.dtype), acc)
-        s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-        y = acc * s[None, :]
-        tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-    @triton.autotune(configs=_GEMV4, key=["N", "K", "G"])
-    @triton.jit
-    def _int4_gemv(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K,
-                   G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
-        # Byte j of a row holds columns j (low nibble) and j + K/2 (high nibble). Per group:
-        # sum_k (q s + m) x = s * sum_k q x + m * sum_k x, so scales load once per group.
-        BLOCK_K: tl.constexpr = GROUPS * G
+    def _int4_gemv(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
+                   BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, MAGIC: tl.constexpr,
+                   EVEN: tl.constexpr):
+        # Byte j of a row holds columns j (low nibble) and j + K/2 (high nibble). A tile is
+        # [BLOCK_N rows, GROUPS groups, G bytes]; every weight is dequantised in fp32 and
+        # multiplied into a [BN, GROUPS, G] accumulator, reduced once at the end (per-group
+        # sums inside the loop cost more in shuffles than they save). MAGIC: f = 1 + n / 16,
+        # so n s + m = f * 16 s + (m - 16 s), one FMA.
         half = K // 2
         ng = K // G
+        hg = half // G
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        rg = tl.arange(0, GROUPS)
-        nmask = rn[:, None] < N
-        acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
-        for j0 in range(0, half, BLOCK_K):
-            j = j0 + rk
-            jm = j < half
-            b = tl.load(p_ptr + rn[:, None] * half + j[None, :], mask=nmask & jm[None, :],
-                        other=0)  # [BN, BK] uint8
-            x_lo = tl.load(x_ptr + j, mask=jm, other=0.0).to(tl.float32)
-            x_hi = tl.load(x_ptr + half + j, mask=jm, other=0.0).to(tl.float32)
-            qx_lo = tl.sum(tl.reshape((b & 15).to(tl.float32) * x_lo[None, :],
-                                      (BLOCK_N, GROUPS, G)), axis=2)  # [BN, GROUPS]
-            qx_hi = tl.sum(tl.reshape((b >> 4).to(tl.float32) * x_hi[None, :],
-                                      (BLOCK_N, GROUPS, G)), axis=2)
-            xs_lo = tl.sum(tl.reshape(x_lo, (GROUPS, G)), axis=1)  # [GROUPS]
-            xs_hi = tl.sum(tl.reshape(x_hi, (GROUPS, G)), axis=1)
-            g_lo = j0 // G + rg
-            g_hi = (j0 + half) // G + rg
-            gm = nmask & (g_lo[None, :] < half // G)
-            s_lo = tl.load(s_ptr + rn[:, None] * ng + g_lo[None, :], mask=gm, other=0.0)
-            z_lo = tl.load(z_ptr + rn[:, None] * ng + g_lo[None, :], mask=gm, other=0.0)
-            s_hi = tl.load(s_ptr + rn[:, None] * ng + g_hi[None, :], mask=gm, other=0.0)
-            z_hi = tl.load(z_ptr + rn[:, None] * ng + g_hi[None, :], mask=gm, other=0.0)
-            acc += (s_lo.to(tl.float32) * qx_lo + z_lo.to(tl.float32) * xs_lo[None, :]
-                    + s_hi.to(tl.float32) * qx_hi + z_hi.to(tl.float32) * xs_hi[None, :])
-        y = tl.sum(acc, axis=1)
+        acc = tl.zeros((BLOCK_N, GROUPS, G), dtype=tl.float32)
+        for j0 in range(0, half, GROUPS * G):
+            g = j0 // G + tl.arange(0, GROUPS)  # [GROUPS]
+            j = (g[:, None] * G + tl.arange(0, G)[None, :])[None, :, :]  # [1, GROUPS, G]
+            sidx = rn[:, None] * ng + g[None, :]  # [BN, GROUPS]
+            if EVEN:
+                b = tl.load(p_ptr + rn[:, None, None] * half + j)
+                x_lo = tl.load(x_ptr + j)
+                x_hi = tl.load(x_ptr + half + j)
+                s_lo = tl.load(s_ptr + sidx)
+                z_lo = tl.load(z_ptr + sidx)
+                s_hi = tl.load(s_ptr + sidx + hg)
+                z_hi = tl.load(z_ptr + sidx + hg)
+            else:
+                gm = g < hg
+                sm = (rn[:, None] < N) & gm[None, :]
+                b = tl.load(p_ptr + rn[:, None, None] * half + j, mask=sm[:, :, None], other=0)
+                x_lo = tl.load(x_ptr + j, mask=gm[None, :, None], other=0.0)
+                x_hi = tl.load(x_ptr + half + j, mask=gm[None, :, None], other=0.0)
+                s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0)
+                z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0)
+                s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0)
+                z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0)
+            s_lo, z_lo = s_lo.to(tl.float32), z_lo.to(tl.float32)
+            s_hi, z_hi = s_hi.to(tl.float32), z_hi.to(tl.float32)
+            bi = b.to(tl.int32)  # [BN, GROUPS, G]
+            if MAGIC:
+                f_lo = (((bi << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                f_hi = (((bi << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                s_lo, s_hi = 16.0 * s_lo, 16.0 * s_hi
+                z_lo, z_hi = z_lo - s_lo, z_hi - s_hi
+            else:
+                f_lo = (bi & 15).to(tl.float32)
+                f_hi = (bi >> 4).to(tl.float32)
+            w_lo = f_lo * s_lo[:, :, None] + z_lo[:, :, None]
+            w_hi = f_hi * s_hi[:, :, None] + z_hi[:, :, None]
+            acc += w_lo * x_lo.to(tl.float32) + w_hi * x_hi.to(tl.float32)
+        y = tl.sum(tl.sum(acc, axis=2), axis=1)
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
-    @triton.autotune(configs=_GEMM4, key=["N", "K", "G", "M_BUCKET"])
     @triton.jit
-    def _int4_gemm(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, M, N, K, M_BUCKET,
-                   G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   GROUPS: tl.constexpr):
-        BLOCK_K: tl.constexpr = GROUPS * G
-        half = K // 2
-        ng = K // G
+    def _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP: tl.constexpr,
+                    PARTIAL: tl.constexpr):
+        """acc [BM, BN] (or [BN, BM] when SWAP) into y [M, N], or fp32 into the partial
+        buffer [SPLIT_K, M, N] at split pid_k."""
+        if SWAP:
+            offs = rm[None, :] * N + rn[:, None]
+            mask = (rm[None, :] < M) & (rn[:, None] < N)
+        else:
+            offs = rm[:, None] * N + rn[None, :]
+            mask = (rm[:, None] < M) & (rn[None, :] < N)
+        if PARTIAL:
+            tl.store(y_ptr + pid_k * M * N + offs, acc, mask=mask)
+        else:
+            tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _int8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_SPLIT,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PARTIAL: tl.constexpr, SWAP: tl.constexpr):
+        # y[m, n] = scale[n] * sum_k x[m, k] q[n, k] over this program's K range; weight
+        # tiles converted in registers. SWAP: compute y.T = W x.T, the converted weight tile
+        # the left operand (which tl.dot can take from registers). PARTIAL: write fp32
+        # [SPLIT_K, M, N] partial sums.
+        pid_k = tl.program_id(2)
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
-        rg = tl.arange(0, GROUPS)
         mmask, nmask = rm[:, None] < M, rn[None, :] < N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for j0 in range(0, half, BLOCK_K):
-            j = j0 + rk
-            jm = j[:, None] < half
-            b = tl.load(p_ptr + rn[None, :] * half + j[:, None], mask=nmask & jm,
-                        other=0)  # [BK, BN]
-            x_lo = tl.load(x_ptr + rm[:, None] * K + j[None, :],
-                           mask=mmask & (j[None, :] < half), other=0.0)
-            x_hi = tl.load(x_ptr + rm[:, None] * K + half + j[None, :],
-                           mask=mmask & (j[None, :] < half), other=0.0)
-            g_lo = j0 // G + rg
-            g_hi = (j0 + half) // G + rg
-            gm = nmask & (g_lo[:, None] < half // G)  # [GROUPS, BN]
-            s_lo = tl.load(s_ptr + rn[None, :] * ng + g_lo[:, None], mask=gm, other=0.0)
-            z_lo = tl.load(z_ptr + rn[None, :] * ng + g_lo[:, None], mask=gm, other=0.0)
-            s_hi = tl.load(s_ptr + rn[None, :] * ng + g_hi[:, None], mask=gm, other=0.0)
-            z_hi = tl.load(z_ptr + rn[None, :] * ng + g_hi[:, None], mask=gm, other=0.0)
-            q_lo = tl.reshape((b & 15).to(s_lo.dtype), (GROUPS, G, BLOCK_N))
-            q_hi = tl.reshape((b >> 4).to(s_hi.dtype), (GROUPS, G, BLOCK_N))
-            w_lo = tl.reshape(q_lo * s_lo[:, None, :] + z_lo[:, None, :], (BLOCK_K, BLOCK_N))
-            w_hi = tl.reshape(q_hi * s_hi[:, None, :] + z_hi[:, None, :], (BLOCK_K, BLOCK_N))
-            acc = tl.dot(x_lo, w_lo.to(x_lo.dtype), acc)
-            acc = tl.dot(x_hi, w_hi.to(x_hi.dtype), acc)
-        tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=mmask & nmask)
+        k_end = tl.minimum(K, (pid_k + 1) * K_SPLIT)
+        if SWAP:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(pid_k * K_SPLIT, k_end, BLOCK_K):
+            k = k0 + rk
+            km = k < k_end
+            x = tl.load(x_ptr + rm[:, None] * K + k[None, :], mask=mmask & km[None, :],
+                        other=0.0)  # [BM, BK]
+            if SWAP:
+                w = tl.load(w_ptr + rn[:, None] * K + k[None, :],
+                            mask=(rn[:, None] < N) & km[None, :], other=0)  # [BN, BK]
+                acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)
+            else:
+                w = tl.load(w_ptr + rn[None, :] * K + k[:, None], mask=nmask & km[:, None],
+                            other=0)  # [BK, BN]
+                acc = tl.dot(x, w.to(x.dtype), acc)
+        s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        if SWAP:
+            acc = acc * s[:, None]
+        else:
+            acc = acc * s[None, :]
+        _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP, PARTIAL)
+
+    @triton.jit
+    def _dequant_int4(b, s_lo, z_lo, s_hi, z_hi, MAGIC: tl.constexpr):
+        """Both halves' weights from a tile of code bytes b, scales/mins broadcastable to
+        it. MAGIC 0: int -> fp32 conversions and fp32 FMAs; 2: in the scales' dtype (the
+        model dtype: packed bf16 FMAs on Hopper); 3: as 2, and for bf16 the code comes from
+        bf16's exponent trick (bits 0x4300 | n = 128 + n exactly), no conversion at all."""
+        bi = b.to(tl.int32)
+        if MAGIC == 3 and s_lo.dtype == tl.bfloat16:
+            q_lo = ((bi & 15) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 128.0
+            q_hi = ((bi >> 4) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 128.0
+            w_lo = q_lo * s_lo + z_lo
+            w_hi = q_hi * s_hi + z_hi
+        elif MAGIC >= 2:
+            w_lo = (bi & 15).to(s_lo.dtype) * s_lo + z_lo
+            w_hi = (bi >> 4).to(s_hi.dtype) * s_hi + z_hi
+        else:
+            w_lo = (bi & 15).to(tl.float32) * s_lo.to(tl.float32) + z_lo.to(tl.float32)
+            w_hi = (bi >> 4).to(tl.float32) * s_hi.to(tl.float32) + z_hi.to(tl.float32)
+        return w_lo, w_hi
+
+    @triton.jit
+    def _int4_gemm(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, M, N, K, J_SPLIT, G: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                   MAGIC: tl.constexpr, PARTIAL: tl.constexpr, SWAP: tl.constexpr):
+        # One group of G bytes per step: its codes become both halves' weights (q * s + m,
+        # scales broadcast along the group) and feed two tl.dot calls. SWAP: y.T = W x.T,
+        # the dequantised weight the left operand.
+        half = K // 2
+        ng = K // G
+        hg = half // G
+        pid_k = tl.program_id(2)
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        re = tl.arange(0, G)
+        mmask = rm[:, None] < M
+        j_end = tl.minimum(half, (pid_k + 1) * J_SPLIT)
+        if SWAP:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for j0 in range(pid_k * J_SPLIT, j_end, GROUPS * G):
+            for gi in tl.static_range(GROUPS):
+                jg = j0 + gi * G
+                j = jg + re  # [G]
+                jm = j < j_end  # the last step of a split may pass its end
+                x_lo = tl.load(x_ptr + rm[:, None] * K + j[None, :],
+                               mask=mmask & jm[None, :], other=0.0)  # [BM, G]
+                x_hi = tl.load(x_ptr + rm[:, None] * K + half + j[None, :],
+                               mask=mmask & jm[None, :], other=0.0)
+                sidx = rn * ng + jg // G  # [BN]
+                sm = (rn < N) & (rn * 0 + jg < j_end)
+                s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0)
+                z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0)
+                s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0)
+                z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0)
+                if SWAP:
+                    b = tl.load(p_ptr + rn[:, None] * half + j[None, :],
+                                mask=(rn[:, None] < N) & jm[None, :], other=0)  # [BN, G]
+                    w_lo, w_hi = _dequant_int4(b, s_lo[:, None], z_lo[:, None], s_hi[:, None],
+                                               z_hi[:, None], MAGIC)
+                    acc = tl.dot(w_lo.to(x_lo.dtype), tl.trans(x_lo), acc)
+                    acc = tl.dot(w_hi.to(x_hi.dtype), tl.trans(x_hi), acc)
+                else:
+                    b = tl.load(p_ptr + rn[None, :] * half + j[:, None],
+                                mask=(rn[None, :] < N) & jm[:, None], other=0)  # [G, BN]
+                    w_lo, w_hi = _dequant_int4(b, s_lo[None, :], z_lo[None, :], s_hi[None, :],
+                                               z_hi[None, :], MAGIC)
+                    acc = tl.dot(x_lo, w_lo.to(x_lo.dtype), acc)
+                    acc = tl.dot(x_hi, w_hi.to(x_hi.dtype), acc)
+        _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP, PARTIAL)
+
+    @triton.jit
+    def _sum_splits(p_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+        # y = sum over the SPLIT_K fp32 partials [SPLIT_K, MN], cast to y's dtype.
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < MN
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            acc += tl.load(p_ptr + s * MN + offs, mask=m, other=0.0)
+        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=m)
 
 
-def _block_m(M: int) -> int:
-    """BLOCK_M covers the batch (tl.dot needs >= 16); the autotuner keys on it too."""
-    return 16 if M <= 16 else 32 if M <= 32 else 64
+def _bucket(M: int) -> int:
+    """1 for the GEMV; else the GEMM's BLOCK_M (tl.dot needs >= 16 rows)."""
+    return 1 if M == 1 else 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 128
 
 
-def _launch(gemv, gemm, x: torch.Tensor, N: int, weights: tuple, **consts) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ W.T: the GEMV for one row, else the GEMM over BLOCK_M rows."""
-    M, K = x.shape
-    x = x.contiguous()
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _split_k(split: int, tiles: int, steps: int, device: torch.device) -> int:
+    """Programs along K: the configured number, or (0) the fewest (a power of two, at most
+    4) that give every multiprocessor a program, keeping >= 4 loop steps per program (each
+    split adds an fp32 [M, N] partial to write and read back)."""
+    if split <= 0:
+        split = 1
+        while tiles * split < _sm_count(device) and split < 4 and steps // (split * 2) >= 4:
+            split *= 2
+    return max(1, min(split, steps))
+
+
+def _split_range(cfg: dict, M: int, N: int, length: int, step: int, block_m: int,
+                 device: torch.device) -> tuple[int, int]:
+    """(programs along K, K range per program: a multiple of ``step``) for a GEMM over
+    ``length`` of K in steps of ``step``."""
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, cfg["BLOCK_N"])
+    split = _split_k(cfg["SPLIT_K"], tiles, triton.cdiv(length, step), device)
+    per = triton.cdiv(triton.cdiv(length, step), split) * step
+    return triton.cdiv(length, per), per
+
+
+def _launch_opts(cfg: dict) -> dict:
+    return {} if INTERPRET else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def _gemm_out(x: torch.Tensor, M: int, N: int, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y [M, N] in x's dtype, the buffer the GEMM writes: y or fp32 partials)."""
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    if M == 1:
-        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-        gemv[grid](x, *weights, y, N, K, **consts)
-    else:
-        bm = _block_m(M)
-        grid = lambda meta: (triton.cdiv(M, bm), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
-        gemm[grid](x, *weights, y, M, N, K, bm, BLOCK_M=bm, **consts)
+    if split == 1:
+        return y, y
+    return y, torch.empty(split, M, N, device=x.device, dtype=torch.float32)
+
+
+def _finish(y: torch.Tensor, out: torch.Tensor, split: int) -> torch.Tensor:
+    if split > 1:
+        MN = y.numel()
+        _sum_splits[(triton.cdiv(MN, 1024),)](out, y, MN, SPLIT_K=split, BLOCK=1024)
     return y
 
 
-def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                config: dict | None = None) -> torch.Tensor:
     """x [M, K] @ (q [N, K] int8 * scale [N]).T -> [M, N] in x's dtype."""
-    return _launch(_int8_gemv, _int8_gemm, x, q.shape[0], (q, scale))
+    M, K = x.shape
+    N = q.shape[0]
+    x = x.contiguous()
+    cfg = config or CONFIGS["int8"][_bucket(M)]
+    block_m = max(16, _bucket(M))  # a GEMM config at M = 1 pads to 16 rows
+    if M == 1 and "MAGIC" in cfg:  # GEMV configs carry MAGIC, GEMM configs SPLIT_K
+        y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+        bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
+        _int8_gemv[(triton.cdiv(N, bn),)](
+            x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"],
+            EVEN=N % bn == 0 and K % bk == 0, **_launch_opts(cfg))
+        return y
+    bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
+    split, k_split = _split_range(cfg, M, N, K, bk, block_m, x.device)
+    y, out = _gemm_out(x, M, N, split)
+    _int8_gemm[(triton.cdiv(M, block_m), triton.cdiv(N, bn), split)](
+        x, q, scale, out, M, N, K, k_split, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk,
+        PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0), **_launch_opts(cfg))
+    return _finish(y, out, split)
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
-                group_size: int) -> torch.Tensor:
+                group_size: int, config: dict | None = None) -> torch.Tensor:
     """x [M, K] @ W.T with W unpacked from (packed [N, K/2], scale/min [N, K/G]) -> [M, N]."""
-    return _launch(_int4_gemv, _int4_gemm, x, packed.shape[0], (packed, scale, lo),
-                   G=group_size)
+    M, K = x.shape
+    N, G = packed.shape[0], group_size
+    half = K // 2
+    x = x.contiguous()
+    bucket = _bucket(M)
+    cfg = config or CONFIGS.get(f"int4-g{G}", {}).get(bucket) or CONFIGS["int4"][bucket]
+    block_m = max(16, bucket)
+    if M == 1 and "BYTES" in cfg:  # GEMV configs carry BYTES, GEMM configs GROUPS
+        y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+        bn = cfg["BLOCK_N"]
+        groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
+        _int4_gemv[(triton.cdiv(N, bn),)](
+            x, packed, scale, lo, y, N, K, G=G, BLOCK_N=bn, GROUPS=groups, MAGIC=cfg["MAGIC"],
+            EVEN=N % bn == 0 and half % (groups * G) == 0, **_launch_opts(cfg))
+        return y
+    bn, groups = cfg["BLOCK_N"], cfg["GROUPS"]
+    split, j_split = _split_range(cfg, M, N, half, groups * G, block_m, x.device)
+    y, out = _gemm_out(x, M, N, split)
+    _int4_gemm[(triton.cdiv(M, block_m), triton.cdiv(N, bn), split)](
+        x, packed, scale, lo, out, M, N, K, j_split, G=G, BLOCK_M=block_m, BLOCK_N=bn,
+        GROUPS=groups, MAGIC=cfg["MAGIC"], PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0),
+        **_launch_opts(cfg))
+    return _finish(y, out, split)

@@ -1,5 +1,6 @@
-"""The CUDA Triton kernels, run by Triton's interpreter on the CPU (tiny shapes): GEMV and
-GEMM for int8 and int4 against the dequantised reference, and the int4 packing."""
+"""The CUDA Triton kernels, run by Triton's interpreter on the CPU (tiny shapes): every GEMV
+and GEMM variant for int8 and int4 against the dequantised reference (default configs and
+the alternatives ``benchmarks.quant_sweep`` times), and the int4 packing."""
 from __future__ import annotations
 
 import os
@@ -21,19 +22,35 @@ _CHECK = textwrap.dedent("""
     from backend.layers.quantize import quantize_int4, quantize_int8
     assert qk.AVAILABLE
     gen = torch.Generator().manual_seed(0)
-    N, K, G = 48, 128, 32
-    w = torch.randn(N, K, generator=gen) * 0.1
-    q, s = quantize_int8(w)
-    g = quantize_int4(w, G)
-    packed = qk.pack_int4(g.codes)
-    ref8 = q.float() * s[:, None]
-    ref4 = g.dequantize()
-    for M in (1, 3, 20):
-        x = torch.randn(M, K, generator=gen)
-        y8 = qk.int8_matmul(x, q, s)
-        y4 = qk.int4_matmul(x, packed, g.scale, g.min, G)
-        torch.testing.assert_close(y8, x @ ref8.t(), atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(y4, x @ ref4.t(), atol=1e-4, rtol=1e-4)
+
+    def close(got, ref):
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+    # int8: GEMV with and without the exponent trick, tiles that do and do not divide the
+    # shape; GEMM as x W.T and W x.T, unsplit, split in two / three (uneven) and auto.
+    gemv8 = [dict(BLOCK_N=bn, BLOCK_K=bk, MAGIC=m, num_warps=4, num_stages=3)
+             for bn, bk, m in ((4, 64, 1), (16, 128, 0), (8, 256, 1))]
+    gemm8 = [dict(BLOCK_N=16, BLOCK_K=bk, SPLIT_K=sk, SWAP=sw, num_warps=4, num_stages=3)
+             for bk, sk, sw in ((32, 1, 0), (64, 2, 1), (32, 0, 0), (64, 3, 1))]
+    # int4: the GEMV (both decodings), the GEMM with every MAGIC, both orientations, splits.
+    gemv4 = [dict(BLOCK_N=bn, BYTES=by, MAGIC=m, num_warps=4, num_stages=3)
+             for bn, by, m in ((4, 64, 1), (8, 32, 0), (16, 128, 1), (2, 256, 1))]
+    gemm4 = [dict(BLOCK_N=16, GROUPS=gr, SPLIT_K=sk, MAGIC=m, SWAP=sw, num_warps=4,
+                  num_stages=3)
+             for gr, sk, m, sw in ((1, 1, 0, 0), (2, 2, 3, 1), (1, 0, 2, 1), (2, 3, 0, 1))]
+    for N, K, G in ((48, 256, 32), (40, 192, 32), (64, 512, 64), (32, 512, 128)):
+        w = torch.randn(N, K, generator=gen) * 0.1
+        q, s = quantize_int8(w)
+        g = quantize_int4(w, G)
+        packed = qk.pack_int4(g.codes)
+        ref8 = q.float() * s[:, None]
+        ref4 = g.dequantize()
+        for M in (1, 3, 20):
+            x = torch.randn(M, K, generator=gen)
+            for cfg in [None] + gemm8 + (gemv8 if M == 1 else []):
+                close(qk.int8_matmul(x, q, s, cfg), x @ ref8.t())
+            for cfg in [None] + gemm4 + (gemv4 if M == 1 else []):
+                close(qk.int4_matmul(x, packed, g.scale, g.min, G, cfg), x @ ref4.t())
     print("ok")
 """)
 
@@ -51,3 +68,13 @@ def test_int4_packing_round_trips():
     assert packed.shape == (8, 32) and packed.dtype == torch.uint8
     back = quant_kernels.dequantize_int4(packed, g.scale, g.min, 32)
     torch.testing.assert_close(back, g.dequantize())
+
+
+def test_int4_kernel_support_and_group_override():
+    assert quant_kernels.int4_supported(4096, 32) and quant_kernels.int4_supported(11008, 128)
+    assert not quant_kernels.int4_supported(4096, 48)  # not a power of two
+    assert not quant_kernels.int4_supported(64, 8)  # under 16 bytes per group
+    assert not quant_kernels.int4_supported(192, 64)  # 64 does not divide the half width 96
+    # the g128 table overrides the shared one at one token only
+    assert "SPLIT_K" in quant_kernels.CONFIGS["int4-g128"][1]
+    assert set(quant_kernels.CONFIGS["int4-g128"]) == {1}
