@@ -42,6 +42,7 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.weights.loader import load_model_source
+from backend.profiling.summary import kernel_busy_pct as summary_kernel_busy_pct
 from benchmarks.closed_loop import ClosedLoop, LoopResult, seeded_prompts
 from benchmarks.roofline import Floors, StepCost, measure_floors, step_cost
 from loadtests.observe import GpuSampler
@@ -250,11 +251,7 @@ def kernel_busy_pct(report: dict | None, cuda: bool, steps: int) -> tuple[float 
         return None, "the engine runs on the CPU: no GPU kernels to profile"
     if not steps or report is None:
         return None, "no profile taken (--profile-steps 0)"
-    cap = report.get("capture") or {}
-    wall_ms = (cap.get("step_ms_during") or 0) * (cap.get("steps_captured") or 0)
-    if report.get("window_ms") is None or not wall_ms:
-        return None, "; ".join(report.get("reasons", {}).values()) or "empty capture"
-    return 100 * (report["window_ms"] - report["gpu_idle_ms"]) / wall_ms, None
+    return summary_kernel_busy_pct(report)
 
 
 def failed_row(reason: str) -> dict:

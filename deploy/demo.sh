@@ -6,6 +6,8 @@
 #              DEMO_OUTPUT_TOKENS (16) DEMO_SLO_MS (3000) DEMO_OUT (runs/demo-<time>)
 #              DEMO_BACKEND_MODEL (smollm2-135m-instruct) DEMO_BACKEND_ARGS ("", e.g.
 #              "--device cuda" with DEMO_BACKEND_MODEL=synthetic:llama-2-7b on a GPU machine)
+#              DEMO_PROFILE_STEPS (0; N: profile N engine steps per batch size under load for
+#              the kernel-busy column: the backend gets --enable-profiling and a fresh token)
 set -euo pipefail
 PYTHON=${PYTHON:-.venv/bin/python}
 BATCH_SIZES=${DEMO_BATCH_SIZES:-1,2,4}
@@ -16,6 +18,7 @@ SLO_MS=${DEMO_SLO_MS:-3000}
 OUT=${DEMO_OUT:-runs/demo-$(date +%Y%m%d-%H%M%S)}
 BACKEND_MODEL=${DEMO_BACKEND_MODEL:-smollm2-135m-instruct}
 BACKEND_ARGS=${DEMO_BACKEND_ARGS:-}
+PROFILE_STEPS=${DEMO_PROFILE_STEPS:-0}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export GATEWAY_API_KEY=${GATEWAY_API_KEY:-sk-firsttoken-demo}
 mkdir -p "$OUT"
@@ -42,6 +45,15 @@ request_log: $OUT/requests.jsonl
 YAML
 
 echo "demo: backend on :$BACKEND_PORT, gateway on :$GATEWAY_PORT, output in $OUT"
+PROFILE_ARGS=()
+if [ "$PROFILE_STEPS" -gt 0 ]; then
+  # a token for this run only, in the environment of the backend and the sweep
+  BACKEND_PROFILE_TOKEN=$("$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(24))')
+  export BACKEND_PROFILE_TOKEN
+  BACKEND_ARGS="$BACKEND_ARGS --enable-profiling --profile-dir $OUT/profiles"
+  PROFILE_ARGS=(--profile-url "http://127.0.0.1:$BACKEND_PORT/debug/profile"
+                --profile-steps "$PROFILE_STEPS")
+fi
 "$PYTHON" -m backend --model "$BACKEND_MODEL" --served-model-name "$BACKEND_MODEL" \
   --host 127.0.0.1 --port "$BACKEND_PORT" $BACKEND_ARGS > "$OUT/backend.log" 2>&1 &
 pids+=($!)
@@ -58,6 +70,7 @@ wait_for "http://127.0.0.1:$GATEWAY_PORT/healthz" 60 "${pids[1]}"
   --label "demo: python -m backend --model $BACKEND_MODEL${BACKEND_ARGS:+ $BACKEND_ARGS}" \
   --gateway-log "$OUT/requests.jsonl" \
   --backend-metrics "http://127.0.0.1:$BACKEND_PORT/metrics" \
-  --tokenize-url "http://127.0.0.1:$BACKEND_PORT/tokenize" --step-timeout 600
+  --tokenize-url "http://127.0.0.1:$BACKEND_PORT/tokenize" --step-timeout 600 \
+  "${PROFILE_ARGS[@]}"
 
 echo "demo: open $OUT/report.html (charts also as PNG in $OUT)"

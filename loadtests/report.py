@@ -185,7 +185,7 @@ _COLUMNS = (("batch_size", "batch"), ("status", "status"), ("requests_ok", "ok")
             ("output_tok_s", "out tok/s"), ("goodput_req_s", "goodput req/s"),
             ("gpu_util_mean_pct", "GPU-Util %"),
             ("gpu_util_loaded_mean_pct", "GPU-Util % (loaded)"),
-            ("gpu_sm_active_mean_pct", "SM active %"),
+            ("gpu_sm_active_mean_pct", "SM active %"), ("kernel_busy_pct", "kernel-busy %"),
             ("generator_saturated", "gen. saturated"))
 
 

@@ -16,11 +16,16 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
+from backend.profiling.summary import kernel_busy_pct
+from backend.server.config import PROFILE_TOKEN_ENV
 from loadtests import observe, report
 from loadtests.client import StreamingChatClient
 from loadtests.decompose import decompose, read_gateway_log
@@ -58,6 +63,11 @@ class SweepConfig:
     backend_model: str = "smollm2-135m-instruct"
     backend_port: int = 8000
     backend_args: tuple[str, ...] = field(default_factory=tuple)
+    # the backend's POST /debug/profile and how many steps to capture there per batch size,
+    # once a quarter of the measured requests are done (0: no kernel-busy column)
+    profile_url: str | None = None
+    profile_steps: int = 0
+    profile_token: str | None = field(default=None, repr=False)
     backend_start_timeout_s: float = 600.0
     progress: bool = True
     # The client key: handed to Locust through its environment, never written anywhere.
@@ -215,6 +225,53 @@ def _pct(ok: list, q: float) -> float | None:
     return percentile(xs, q) if xs else None
 
 
+class LoadedProfile:
+    """Asks the backend for a profile of ``cfg.profile_steps`` steps once a quarter of the
+    step's measured requests are recorded (under full load, past the warm-up), in a thread;
+    ``result()`` gives the kernel-busy columns of the row."""
+
+    def __init__(self, cfg: SweepConfig, records: str) -> None:
+        self.cfg, self.records = cfg, records
+        self.trigger = max(1, cfg.requests // 4)
+        self.report: dict | None = None
+        self.error: str | None = "the load ended before the profile was asked for"
+        self._stop = threading.Event()
+        self.asked = threading.Event()  # set when the request goes out
+        self._thread = threading.Thread(target=self._run, name="sweep-profile", daemon=True)
+
+    def start(self) -> "LoadedProfile":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while _count_measured(self.records) < self.trigger:
+            if self._stop.wait(0.2):
+                return  # the load is over: an idle engine would run no step to profile
+        self.asked.set()
+        body = json.dumps({"steps": self.cfg.profile_steps, "timeout_s": 60}).encode()
+        req = urllib.request.Request(self.cfg.profile_url or "", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        if self.cfg.profile_token:
+            req.add_header("Authorization", f"Bearer {self.cfg.profile_token}")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                self.report, self.error = json.load(resp), None
+        except urllib.error.HTTPError as exc:
+            self.error = f"HTTP {exc.code} from {self.cfg.profile_url}: {exc.read()[:200]!r}"
+        except (OSError, ValueError) as exc:
+            self.error = f"profile request failed: {exc}"
+
+    def result(self, wait_s: float = 90.0) -> dict:
+        self._stop.set()
+        self._thread.join(wait_s)
+        busy, why = (None, self.error) if self.report is None else \
+            kernel_busy_pct(self.report)
+        cap = (self.report or {}).get("capture") or {}
+        return {"kernel_busy_pct": busy, "kernel_busy_reason": why,
+                "profile_steps_captured": cap.get("steps_captured"),
+                "profile_trace": (self.report or {}).get("trace")}
+
+
 def run_step(cfg: SweepConfig, batch: int, out: str, backend: BackendProcess | None) -> dict:
     step_dir = os.path.join(out, "steps", f"batch-{batch:03d}")
     os.makedirs(step_dir, exist_ok=True)
@@ -224,10 +281,15 @@ def run_step(cfg: SweepConfig, batch: int, out: str, backend: BackendProcess | N
               "backend": observe.scrape(cfg.backend_metrics)}
     sampler = observe.GpuSampler()
     sampler.start()
+    profiler = LoadedProfile(cfg, os.path.join(step_dir, "records.jsonl")).start() \
+        if cfg.profile_steps and cfg.profile_url else None
     try:
         records, rc = run_locust(cfg, batch, step_dir)
     finally:
         gpu = sampler.stop().summary()
+    busy = profiler.result() if profiler is not None else {
+        "kernel_busy_pct": None, "kernel_busy_reason": "no profile asked for (--profile-steps 0)",
+        "profile_steps_captured": None, "profile_trace": None}
     after = {"gateway": observe.scrape(cfg.gateway_metrics, token=cfg.metrics_token),
              "backend": observe.scrape(cfg.backend_metrics)}
     metrics = {k: observe.delta(before[k], after[k]) for k in before}
@@ -235,7 +297,9 @@ def run_step(cfg: SweepConfig, batch: int, out: str, backend: BackendProcess | N
         json.dump(metrics, f, indent=1)
     if cfg.gateway_log:
         time.sleep(_GATEWAY_LOG_FLUSH_S)  # the gateway flushes its request log every second
-    return build_row(cfg, batch, records, rc, gpu, metrics, read_gateway_log(cfg.gateway_log))
+    row = build_row(cfg, batch, records, rc, gpu, metrics, read_gateway_log(cfg.gateway_log))
+    row.update(busy)
+    return row
 
 
 def choose_best(cfg: SweepConfig, rows: list[dict]) -> tuple[dict | None, str]:
@@ -418,6 +482,12 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
     p.add_argument("--backend-port", type=int, default=8000)
     p.add_argument("--backend-args", default="", help="extra backend flags, one string")
     p.add_argument("--backend-start-timeout", type=float, default=600.0)
+    p.add_argument("--profile-url", default=None,
+                   help="the backend's POST /debug/profile URL (backend started with "
+                        "--enable-profiling; bearer token from env BACKEND_PROFILE_TOKEN)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="engine steps to profile per batch size under load, for the "
+                        "kernel-busy column (default: 0, none)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--api-key", default=os.environ.get("GATEWAY_API_KEY"),
                    help="client key (default: env GATEWAY_API_KEY; prefer the env var: a "
@@ -437,7 +507,8 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
         backend_model=a.backend_model, backend_port=a.backend_port,
         backend_args=tuple(shlex.split(a.backend_args)),
         backend_start_timeout_s=a.backend_start_timeout, progress=not a.no_progress,
-        api_key=a.api_key or None)
+        api_key=a.api_key or None, profile_url=a.profile_url, profile_steps=a.profile_steps,
+        profile_token=os.environ.get(PROFILE_TOKEN_ENV) or None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -247,6 +247,17 @@ def build_report(activities: list[Activity], spans: list[Span], steps: int | Non
     return report
 
 
+def kernel_busy_pct(report: dict) -> tuple[float | None, str | None]:
+    """(GPU-busy union of kernels, copies and memsets over the captured steps' wall time, in
+    percent; None and why when the capture cannot say) of a capture's report."""
+    cap = report.get("capture") or {}
+    wall_ms = (cap.get("step_ms_during") or 0) * (cap.get("steps_captured") or 0)
+    if report.get("window_ms") is None or not wall_ms:
+        reasons = dict.fromkeys(report.get("reasons", {}).values())  # each once, in order
+        return None, "; ".join(reasons) or "empty capture"
+    return 100 * (report["window_ms"] - report["gpu_idle_ms"]) / wall_ms, None
+
+
 def verdicts(r: dict) -> list[str]:
     """Plain sentences: what each number says and where to look next."""
     out = []

@@ -58,7 +58,8 @@ def _png_size(data: bytes) -> tuple[int, int]:
 @pytest.mark.parametrize("source", ["recorded", "synthetic"])
 def test_report_renders_in_chromium(tmp_path, source):
     results = RECORDED if source == "recorded" else _synthetic(tmp_path / "results.json")
-    rows = json.loads(results.read_text())["rows"]
+    data = json.loads(results.read_text())
+    rows = data["rows"]
     html = report.render_results(str(results), str(tmp_path / "out"))
     res = chromium.open_page(Path(html).as_uri(), PROBE, screenshot=True)
     assert res.errors == []
@@ -68,7 +69,7 @@ def test_report_renders_in_chromium(tmp_path, source):
     for img in page["images"]:
         assert img["complete"] and img["w"] > 300 and img["h"] > 200, img
         assert 0 < img["shown"] <= chromium.WIDTH  # scaled into the page, never wider
-    assert page["h1"].startswith("TTFT vs batch size") and "smollm2" in page["h1"]
+    assert page["h1"].startswith("TTFT vs batch size") and data["meta"]["model"] in page["h1"]
     assert page["verdict"]
     assert page["rows"] == len(rows) + 1  # header + one per batch size
     width, height = _png_size(res.screenshot)

@@ -163,3 +163,33 @@ def test_flags_map_onto_the_server_config():
     assert (c.enable_profiling, c.profile_dir) == (True, "/tmp/p")
     d = config_from_args(build_parser().parse_args([]))
     assert (d.enable_profiling, d.profile_dir) == (False, "runs/profiles")
+
+
+def test_sweep_asks_for_a_profile_under_load(server, tmp_path) -> None:
+    """The sweep's LoadedProfile posts to the live backend once enough measured requests
+    are recorded and turns the answer into the kernel-busy columns: on the CPU build the
+    capture holds steps but no GPU activity, so the column is empty with the reason; a
+    wrong token leaves it empty with the HTTP error."""
+    from loadtests.sweep import LoadedProfile, SweepConfig
+
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"phase":"measure"}\n')
+    url = f"{server.base_url}/debug/profile"
+    cfg = SweepConfig(host=server.base_url, requests=8, profile_url=url, profile_steps=2,
+                      profile_token=TOKEN)
+    early = LoadedProfile(cfg, str(records)).start()
+    time.sleep(0.5)  # one measured request of the two that trigger it
+    assert not early.asked.is_set()
+    assert early.result()["kernel_busy_reason"] == \
+        "the load ended before the profile was asked for"
+    records.write_text('{"phase":"measure"}\n' * 2)
+    load, _ = in_thread(complete, server, 48)
+    prof = LoadedProfile(cfg, str(records)).start()
+    assert prof.asked.wait(5)
+    row = prof.result()
+    load.join(120)
+    assert row["profile_steps_captured"] == 2 and row["kernel_busy_pct"] is None
+    assert row["kernel_busy_reason"] and row["profile_trace"]
+    bad = LoadedProfile(SweepConfig(host=server.base_url, requests=1, profile_url=url,
+                                    profile_steps=2, profile_token="wrong"), str(records))
+    assert bad.start().result()["kernel_busy_reason"].startswith("HTTP 401")
