@@ -261,6 +261,12 @@ class LoadedProfile:
         except (OSError, ValueError) as exc:
             self.error = f"profile request failed: {exc}"
 
+    @staticmethod
+    def absent(reason: str) -> dict:
+        """The kernel-busy columns of a step without a profile."""
+        return {"kernel_busy_pct": None, "kernel_busy_reason": reason,
+                "profile_steps_captured": None, "profile_trace": None}
+
     def result(self, wait_s: float = 90.0) -> dict:
         self._stop.set()
         self._thread.join(wait_s)
@@ -287,9 +293,8 @@ def run_step(cfg: SweepConfig, batch: int, out: str, backend: BackendProcess | N
         records, rc = run_locust(cfg, batch, step_dir)
     finally:
         gpu = sampler.stop().summary()
-    busy = profiler.result() if profiler is not None else {
-        "kernel_busy_pct": None, "kernel_busy_reason": "no profile asked for (--profile-steps 0)",
-        "profile_steps_captured": None, "profile_trace": None}
+    busy = profiler.result() if profiler is not None else \
+        LoadedProfile.absent("no profile asked for (--profile-steps 0)")
     after = {"gateway": observe.scrape(cfg.gateway_metrics, token=cfg.metrics_token),
              "backend": observe.scrape(cfg.backend_metrics)}
     metrics = {k: observe.delta(before[k], after[k]) for k in before}

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -74,6 +75,7 @@ class _Layout:
     def S(self) -> int:  # sequence rows: decodes, then chunk slots
         return self.B + self.C
 
+    @cached_property
     def offsets(self) -> list[int]:
         """Starts of ids, positions, slots, logits rows, context lens, query offsets and
         block tables, each segment padded to ``SEGMENT_ALIGN``."""
@@ -103,7 +105,7 @@ class StepGraphs:
             (b, p) for b in self.mixed_decodes for p in self.prefill_tokens]
         self.layouts = {k: _Layout(k[0], k[1], MAX_CHUNKS if k[1] else 0) for k in keys}
         Sm = max(lay.S for lay in self.layouts.values())
-        head = max(lay.offsets()[-1] for lay in self.layouts.values())
+        head = max(lay.offsets[-1] for lay in self.layouts.values())
         dev = runner.device
         self.staged = torch.zeros(head + Sm * self.width, dtype=torch.int32, device=dev)
         self.block_tables = torch.full((Sm, self.width), self.scratch_block,
@@ -128,7 +130,7 @@ class StepGraphs:
     # -- capture ------------------------------------------------------------------------
     def _forward(self, key: tuple[int, int]) -> torch.Tensor:
         r, lay = self.runner, self.layouts[key]
-        o_ids, o_pos, o_slots, o_rows, o_ctx, o_qsl, _ = lay.offsets()
+        o_ids, o_pos, o_slots, o_rows, o_ctx, o_qsl, _ = lay.offsets
         T, S = lay.T, lay.S
         longs = self.staged[:o_ctx].long()  # ids, positions, slots, rows: one cast
         ids = resolve_pending(longs[o_ids:o_ids + T], r.last_sampled)  # [T]
@@ -172,7 +174,7 @@ class StepGraphs:
         first), or no sequence at all (every row padded: the capture's inputs)."""
         lay = self.layouts[key]
         B, T, S = lay.B, lay.T, lay.S
-        o = lay.offsets()
+        o = lay.offsets
         nb = host.block_tables.shape[1] if host is not None else 1
         buf = np.zeros(o[-1] + S * nb, dtype=np.int32)
         ids, pos, slots, rows, ctx, qsl = (buf[o[i]:o[i] + n] for i, n in
@@ -202,7 +204,7 @@ class StepGraphs:
         """One host-to-device copy of ``buf`` (from ``_pack``), then one device copy of its
         packed tables into ``block_tables``."""
         lay = self.layouts[key]
-        o_tab = lay.offsets()[-1]
+        o_tab = lay.offsets[-1]
         nb = (len(buf) - o_tab) // lay.S
         self.staged[:len(buf)].copy_(host_source(buf, self.runner.device), non_blocking=True)
         self.block_tables[:lay.S, :nb].copy_(
