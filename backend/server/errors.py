@@ -35,7 +35,8 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
-FAILURE = web.RequestKey("failure", APIError)  # the error a request ended with, if any
+FAILURE = web.RequestKey("failure", APIError)
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the response  # the error a request ended with, if any
 
 
 def error_response(err: APIError) -> web.Response:
@@ -57,6 +58,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         # Unknown routes and wrong methods also answer in the OpenAI error shape.
         kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
         failure = APIError(exc.status, exc.reason or str(exc), type=kind)
+    except ConnectionError:
+        # The client's connection is gone (its body cut short, our headers unsendable):
+        # nothing failed on this side, and nobody is left to answer; nothing was started
+        # (a stream that had begun handles its own disconnect and frees the engine request).
+        log.info("client disconnected from %s %s before the response", request.method,
+                 request.path)
+        return web.Response(status=CLIENT_CLOSED_REQUEST)
     except Exception:  # noqa: BLE001 - last resort: log it, answer 500 in the OpenAI shape
         log.exception("unhandled error in %s %s", request.method, request.path)
         failure = APIError(500, "internal server error", type="server_error",

@@ -330,3 +330,33 @@ async def test_engine_failure_is_never_a_shorter_success():
         assert server.engine_stats().kv_blocks_used == 0
     finally:
         server.stop()
+
+
+async def test_client_gone_before_the_response_is_no_server_error(caplog):
+    """The client's connection ending before the response (injected: the transport error
+    aiohttp raises when the headers meet a closing connection, or a body cut short) is a
+    disconnect, not a server error: answered 499, logged at INFO, not counted as a
+    failure, no engine request started."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="backend.server")
+    server = fake_server()
+
+    async def connection_gone(req):
+        raise ConnectionResetError("Cannot write to closing transport")
+
+    server.state.prompt_ids = connection_gone
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{server.base_url}/v1/chat/completions",
+                                    json={**CHAT, "stream": True}) as r:
+                assert r.status == 499
+            errors = {k: v for k, v in (await _scrape(session, server.base_url)).items()
+                      if k.startswith("backend_request_errors_total")}
+        assert not any(errors.values()), errors
+        assert [r for r in caplog.records if "disconnected" in r.getMessage()]
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        stats = await _wait_idle(server)
+        assert (stats.running, stats.waiting, stats.kv_blocks_used) == (0, 0, 0)
+    finally:
+        server.stop()
