@@ -35,8 +35,8 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
-FAILURE = web.RequestKey("failure", APIError)
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the response  # the error a request ended with, if any
+FAILURE = web.RequestKey("failure", APIError)  # the error a request ended with, if any
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the response
 
 
 def error_response(err: APIError) -> web.Response:
