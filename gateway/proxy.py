@@ -17,7 +17,7 @@ from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, RequestTim
 from gateway.limits import Ticket
 from gateway.metrics import NO_PROVIDER, UNKNOWN, Series
 from gateway.record import RequestRecord
-from gateway.relay import relay
+from gateway.relay import ClientGone, relay
 from gateway.router import Route
 from gateway.upstream import Opened, forward_headers, open_upstream
 from gateway.validate import parse_body
@@ -39,6 +39,8 @@ async def _read_body(request: web.Request, endpoint: str) -> dict[str, Any]:
                               "bytes.") from None
     except TimeoutError:
         raise RequestTimeout("The request body was not received in time.") from None
+    except ConnectionError:  # the client left while sending its body
+        raise ClientGone() from None
     except (web.RequestPayloadError, HttpProcessingError):  # e.g. Content-Encoding: gzip
         # on a body that is not gzip, or a chunked body that breaks its framing
         raise BadRequest("Request body cannot be decoded as its Content-Encoding says.",
@@ -121,6 +123,9 @@ async def proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         if rec.status != 200:  # a client leaving after the whole answer is no disconnect
             rec.status, rec.error = 499, "client_disconnected"
         raise
+    except ClientGone:  # left before the response started: nobody to answer
+        rec.status, rec.error = 499, "client_disconnected"
+        return web.Response(status=499)
     except Exception as exc:
         rec.status, rec.error = 500, f"internal_error: {type(exc).__name__}"
         raise

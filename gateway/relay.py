@@ -55,9 +55,9 @@ async def relay(request: web.Request, opened: Opened, rec: RequestRecord, series
     if not upstream.content_type.startswith("text/event-stream"):
         return await _relay_json(opened, rec)
     resp = web.StreamResponse(headers={**SSE_HEADERS, "x-request-id": rec.request_id})
-    await resp.prepare(request)
     name = opened.deployment.provider.name
     try:
+        await _write(resp.prepare, request)  # the headers can meet a connection just closed
         try:
             await _pump(resp, opened, rec, series, strip_usage)
         except TimeoutError:
@@ -185,7 +185,7 @@ def _contents_written(rec: RequestRecord, n: int, t_read: int, t_written: int,
     return first
 
 
-async def _write(write: Any, data: bytes) -> None:
+async def _write(write: Any, data: Any) -> None:
     try:
         await write(data)
     except ConnectionError:  # aiohttp's ClientConnectionResetError is one

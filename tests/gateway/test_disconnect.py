@@ -66,3 +66,46 @@ async def test_disconnect_before_upstream_headers(gw: Gateway):
     assert rows and rows[0]["status"] == 499
     assert (await _in_flight(gw)).endswith(" 0.0")
     assert gw.app[state.ROUTER].routes["fast"].deployments[0].in_flight == 0
+
+
+@pytest.mark.parametrize("where", ["body", "headers"])
+async def test_client_gone_before_the_response(gw: Gateway, monkeypatch, caplog, where):
+    """A client whose connection ends while the gateway reads its body, or just as the
+    stream's headers go out (injected: the exact errors aiohttp raises there), is recorded
+    as a disconnect (499), not as an internal error, and frees its upstream stream."""
+    import logging
+
+    from aiohttp import web
+
+    caplog.set_level(logging.INFO)
+    raised = []
+
+    if where == "body":
+        read = web.BaseRequest.read
+
+        async def cut_read(self):  # the gateway's read of the client body comes first
+            if self.app is gw.app and not raised:
+                raised.append(where)
+                raise ConnectionResetError("Connection lost")
+            return await read(self)
+        monkeypatch.setattr(web.BaseRequest, "read", cut_read)
+    else:
+        prepare = web.StreamResponse.prepare
+
+        async def closing_prepare(self, request):
+            if request.app is gw.app and not raised:
+                raised.append(where)
+                raise ConnectionResetError("Cannot write to closing transport")
+            return await prepare(self, request)
+        monkeypatch.setattr(web.StreamResponse, "prepare", closing_prepare)
+    body = {"model": "fast", "messages": MSG, "stream": True}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gw.url + "/v1/chat/completions", json=body,
+                          headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as r:
+            await r.read()
+    assert raised == [where]
+    rows = await gw.wait_rows(1)
+    assert rows[0]["status"] == 499 and rows[0]["error"] == "client_disconnected"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert await _wait(lambda: gw.fake.stats.open_streams == 0), gw.fake.stats
+    assert gw.app[state.ROUTER].routes["fast"].deployments[0].in_flight == 0
