@@ -105,9 +105,14 @@ def _count_measured(path: str) -> int:
         return 0
 
 
+def records_file(step_dir: str) -> str:
+    """Where a step's Locust run writes its raw per-request records."""
+    return os.path.join(step_dir, "records.jsonl")
+
+
 def run_locust(cfg: SweepConfig, batch: int, step_dir: str) -> tuple[str, int]:
     """Run one headless Locust step with a progress bar; returns (records path, exit code)."""
-    records = os.path.join(step_dir, "records.jsonl")
+    records = records_file(step_dir)
     cmd = locust_command(cfg, batch, records, os.path.join(step_dir, "locust"))
     bar = None
     if cfg.progress:
@@ -270,12 +275,13 @@ class LoadedProfile:
     def result(self, wait_s: float = 90.0) -> dict:
         self._stop.set()
         self._thread.join(wait_s)
-        busy, why = (None, self.error) if self.report is None else \
-            kernel_busy_pct(self.report)
-        cap = (self.report or {}).get("capture") or {}
+        if self.report is None:
+            return self.absent(self.error or "no profile report")
+        busy, why = kernel_busy_pct(self.report)
         return {"kernel_busy_pct": busy, "kernel_busy_reason": why,
-                "profile_steps_captured": cap.get("steps_captured"),
-                "profile_trace": (self.report or {}).get("trace")}
+                "profile_steps_captured": (self.report.get("capture") or {}).get(
+                    "steps_captured"),
+                "profile_trace": self.report.get("trace")}
 
 
 def run_step(cfg: SweepConfig, batch: int, out: str, backend: BackendProcess | None) -> dict:
@@ -287,7 +293,7 @@ def run_step(cfg: SweepConfig, batch: int, out: str, backend: BackendProcess | N
               "backend": observe.scrape(cfg.backend_metrics)}
     sampler = observe.GpuSampler()
     sampler.start()
-    profiler = LoadedProfile(cfg, os.path.join(step_dir, "records.jsonl")).start() \
+    profiler = LoadedProfile(cfg, records_file(step_dir)).start() \
         if cfg.profile_steps and cfg.profile_url else None
     try:
         records, rc = run_locust(cfg, batch, step_dir)
