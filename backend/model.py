@@ -88,15 +88,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_fn = self.post_attention
 
     def pre_attention(self, x: torch.Tensor, residual: torch.Tensor | None,
-                      cos: torch.Tensor, sin: torch.Tensor, ops: StepOps = EAGER
-                      ) -> tuple[torch.Tensor, ...]:
+                      cos: torch.Tensor, sin: torch.Tensor, ops: StepOps = EAGER,
+                      rope: bool = True) -> tuple[torch.Tensor, ...]:
         """x, residual: [T, hidden] (residual None in the first layer); cos/sin: [T, hd]
-        -> q [T, H, hd], k, v [T, kvh, hd] (views of one qkv matrix), residual."""
+        -> q [T, H, hd], k, v [T, kvh, hd] (views of one qkv matrix), residual. Without
+        ``rope`` q and k are returned unrotated (attention's KV store rotates them)."""
         T = x.shape[0]
         H, kvh, hd = self.H, self.kvh, self.hd
         h, residual = ops.add_rms_norm(x, residual, self.input_norm, self.eps)
         qkv = self.qkv(h)  # [T, (H + 2 kvh) * hd]
-        ops.rope_(qkv[:, : (H + kvh) * hd].view(T, H + kvh, hd), cos, sin)  # in place
+        if rope:
+            ops.rope_(qkv[:, : (H + kvh) * hd].view(T, H + kvh, hd), cos, sin)  # in place
         q = qkv[:, : H * hd].view(T, H, hd)
         kv = qkv[:, H * hd:].view(T, 2, kvh, hd)
         return q, kv[:, 0], kv[:, 1], residual
@@ -112,9 +114,10 @@ class DecoderLayer(nn.Module):
                 cos: torch.Tensor, sin: torch.Tensor, attn: Attention,
                 meta: AttentionMetadata, ops: StepOps = EAGER
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k, v, residual = self.pre_attention_fn(x, residual, cos, sin, ops)
+        in_store = ops.rope_in_kv_store and attn.rotates_in_store
+        q, k, v, residual = self.pre_attention_fn(x, residual, cos, sin, ops, not in_store)
         with stage("attention"):  # a profiler range only while a capture runs
-            out = attn.forward(idx, q, k, v, meta)  # [T, heads * head_dim]
+            out = attn.forward(idx, q, k, v, meta, (cos, sin) if in_store else None)  # [T, H * hd]
         return self.post_attention_fn(out, residual, ops)
 
     def tensors(self, prefix: str) -> Iterator[tuple[str, torch.Tensor | LinearRows]]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import statistics
 import time
@@ -52,7 +53,7 @@ from backend.engine.outputs import StepStats
 from backend.engine.sampling import SamplingParams
 from backend.engine.step_ops import STEP_OPS_FIELDS
 from backend.layers import fused_ops, triton_attention
-from backend.layers.kv_cache import KVCache, kv_storage_dtype
+from backend.layers.kv_cache import KVCache, bytes_per_block, kv_storage_dtype
 from backend.weights.loader import synthetic_source
 
 H, KVH, HD, BS = 32, 32, 128, 16  # Llama-2-7B attention
@@ -300,6 +301,28 @@ def _stream_tpot_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: 
     return statistics.median((t - first[r]) / (n - 1) for r, (t, n) in last.items()) * 1e3
 
 
+def _steady_step_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: int) -> float:
+    """Decode-step time as clients see it once the whole batch decodes: the median gap
+    between consecutive ``step()`` returns that each hand every one of the ``batch``
+    requests a token, with no device sync between steps (the host's work for step N+1
+    overlaps step N's kernels, as in serving). A client's TPOT in steady state."""
+    params = SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(_prompts(batch, prompt, seed)):
+        engine.add_request(f"q{seed}-{i}", p, params)
+    gaps, last = [], None
+    while engine.has_unfinished():
+        outputs = engine.step()
+        now = time.perf_counter()
+        full = sum(1 for o in outputs if o.new_token_ids) == batch
+        if full and last is not None:
+            gaps.append(now - last)
+        last = now if full else None
+    if len(gaps) < 5:
+        raise RuntimeError(f"only {len(gaps)} steps gave all {batch} requests a token: "
+                           "ask for more output tokens")
+    return statistics.median(gaps[2:]) * 1e3
+
+
 def _ttft_ms(engine: LLMEngine, repeats: int = 5) -> tuple[float, list[float]]:
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     times = []
@@ -360,17 +383,17 @@ def bench_step_op_costs(tokens: tuple[int, ...] = (1, 64, 512), calls: int = 200
 
 
 def bench_engine(attention: str, long_context: bool, step_ops: str | None = None,
-                 async_scheduling: bool | None = None) -> dict:
+                 async_scheduling: bool | None = None, kv_cache_dtype: str = "auto") -> dict:
     """long_context: also the max_model_len 32k engine (the dense references would gather
     32k positions per sequence and layer there: triton only). step_ops: eager / triton /
     compile (None = the engine's default). async_scheduling: the engine setting (None = its
     default, on for CUDA)."""
     source = synthetic_source("llama-2-7b")
     steps = _Steps()
-    res: dict = {}
+    res: dict = {"kv_cache_dtype": kv_cache_dtype}
     common = dict(device="cuda", dtype="bfloat16", attention=attention,
                   enable_prefix_caching=False, kv_cache_memory_gib=24,
-                  async_scheduling=async_scheduling,
+                  async_scheduling=async_scheduling, kv_cache_dtype=kv_cache_dtype,
                   **(STEP_OPS_FIELDS[step_ops] if step_ops else {}))
     t0 = time.perf_counter()
     engine = LLMEngine(EngineConfig(max_model_len=1024, max_num_seqs=64, **common), source,
@@ -378,6 +401,11 @@ def bench_engine(attention: str, long_context: bool, step_ops: str | None = None
     res["engine_build_s"] = time.perf_counter() - t0
     res["weight_bytes"] = sum(t.numel() * t.element_size() for t in
                               engine.runner.model.state_dict().values())
+    cfg = source.config
+    # K/V bytes one cached token costs across all layers (scales included when quantised)
+    res["kv_bytes_per_token"] = bytes_per_block(
+        cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.head_dim, kv_cache_dtype,
+        torch.bfloat16)
     stats = engine.stats()
     res["compile"] = stats.compile
     res["kernel"] = stats.attention_kernel
@@ -400,6 +428,12 @@ def bench_engine(attention: str, long_context: bool, step_ops: str | None = None
     res["tok_s_batch64"] = 64 / res["tpot_batch64_ms"] * 1e3
     res["stream_tpot_batch1_ms"] = _stream_tpot_ms(engine, 1, 512, 64, 5)
     res["stream_tpot_batch64_ms"] = _stream_tpot_ms(engine, 64, 512, 64, 6)
+    # every prompt prefilled first (the 64 prompts' chunks would otherwise share the first
+    # decode steps): context 512 + the decoded tokens, about 544 in the middle
+    res["steady_step_batch64_ms"] = _steady_step_ms(
+        engine, 64, 512, _outlasting_prefill(64, 512, 64, engine.config.max_num_batched_tokens),
+        8)
+    res["steady_tok_s_batch64"] = 64 / res["steady_step_batch64_ms"] * 1e3
     res["step_ms_batch32_ctx512_max_len_1k"] = _decode_ms(engine, 32, 480, 64, 3)
     res["worst_step_over_median"] = steps.worst_over_median()
     if step_ops:
@@ -460,6 +494,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--engine-async", default="default",
                     help="comma-separated engine async_scheduling settings to run: "
                          "default, on, off (e.g. off,on for the comparison)")
+    ap.add_argument("--engine-kv-dtypes", default="auto",
+                    help="engine section: the KV cache dtypes to run it with (auto,int8)")
     ap.add_argument("--skip-long-context", action="store_true",
                     help="no max_model_len 32k engine in the engine section")
     args = ap.parse_args(argv)
@@ -489,11 +525,12 @@ def main(argv: list[str] | None = None) -> None:
             _save(res, args.json)
         modes = args.engine_async.split(",")
         for b in filter(None, args.engine_backends.split(",")):
-            for mode in modes:
+            for mode, kv in itertools.product(modes, args.engine_kv_dtypes.split(",")):
                 key = b if mode == "default" else f"{b}_async_{mode}"
+                key += "" if kv == "auto" else f"_kv_{kv}"
                 res["engine"][key] = bench_engine(
-                    b, long_context=b == "triton" and not args.skip_long_context,
-                    async_scheduling=_ASYNC[mode])
+                    b, long_context=b == "triton" and not args.skip_long_context and kv == "auto",
+                    async_scheduling=_ASYNC[mode], kv_cache_dtype=kv)
                 _save(res, args.json)
     if "engine_kv" in sections:
         res["engine_step_ms_batch32_ctx4k_by_kv"] = bench_engine_kv(args.engine_kv.split(","))
@@ -526,6 +563,11 @@ def _summary(res: dict) -> None:
         if "weight_bytes" in e:
             print(f"  floor at batch 1: {e['weight_bytes'] / (copy * 1e9) * 1e3:.2f} ms "
                   f"(weight bytes / copy bandwidth)")
+        if "kv_bytes_per_token" in e:
+            kv = 64 * 544 * e["kv_bytes_per_token"]
+            print(f"  floor at batch 64, context 544: "
+                  f"{(e['weight_bytes'] + kv) / (copy * 1e9) * 1e3:.2f} ms "
+                  f"(weights + {kv / 1e9:.1f} GB of K/V) / copy bandwidth")
     for k, v in res.get("step_op_costs_us", {}).items():
         print(f"{k:28s} host {v['host_us']:7.1f} us  device {v['device_us']:7.1f} us")
     tokens = {b: e["greedy_tokens"] for b, e in res.get("engine", {}).items()

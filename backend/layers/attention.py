@@ -164,11 +164,22 @@ class Attention:
         meta.extra["prefill"] = chunks
 
     # -- every layer ------------------------------------------------------------------
+    @property
+    def rotates_in_store(self) -> bool:
+        """Whether ``forward`` can take q and k before RoPE (``rope=(cos, sin)``) and
+        rotate them in its KV-store kernel."""
+        return self.backend == "triton"
+
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        """q: [T, H, hd]; k, v: [T, kvh, hd] (RoPE applied) -> [T, H * hd]."""
+                meta: AttentionMetadata,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """q: [T, H, hd]; k, v: [T, kvh, hd] -> [T, H * hd]. RoPE is applied to q and k
+        already, or (only where ``rotates_in_store``) ``rope`` = (cos, sin) [T, hd] asks the
+        store to apply it."""
         if self.backend == "triton":
-            return self._forward_triton(layer, q, k, v, meta)
+            return self._forward_triton(layer, q, k, v, meta, rope)
+        if rope is not None:
+            raise ValueError(f"attention {self.backend!r} takes q and k with RoPE applied")
         self.kv_cache.write(layer, meta.slot_mapping, k, v)
         T = q.shape[0]
         if not meta.prefill_spans:  # pure decode step: no output buffer, no copies
@@ -183,12 +194,13 @@ class Attention:
         return out.view(T, self.num_heads * self.head_dim)
 
     def _forward_triton(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        meta: AttentionMetadata) -> torch.Tensor:
+                        meta: AttentionMetadata,
+                        rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         cache = self.kv_cache
         data = cache.data[layer]
         scales = None if cache.scales is None else cache.scales[layer]
         triton_attention.store_kv(k, v, meta.slot_mapping, data, scales, cache.kv_cache_dtype,
-                                  cache.block_size)
+                                  cache.block_size, None if rope is None else (q, *rope))
         T = q.shape[0]
         out = torch.empty(T, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         d = meta.num_decode

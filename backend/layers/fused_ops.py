@@ -73,6 +73,18 @@ if AVAILABLE:
         tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def rotate_halves(x1, x2, c, s):
+        """RoPE (HF rotate_half) of a row's two halves x1, x2 [..., half] with float32
+        cos/sin [1, half]: x * cos + cat(-x2, x1) * sin, each product rounded to the
+        dtype first as the eager ops do. Shared with the KV-store kernel, which rotates
+        q and k on their way to the cache."""
+        dt = x1.dtype
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        o1 = (a1 * c).to(dt).to(tl.float32) + (-a2 * s).to(dt).to(tl.float32)
+        o2 = (a2 * c).to(dt).to(tl.float32) + (a1 * s).to(dt).to(tl.float32)
+        return o1.to(dt), o2.to(dt)
+
+    @triton.jit
     def _rope_kernel(qk_ptr, cos_ptr, sin_ptr, stride_t, stride_h, stride_c, heads,
                      HALF: tl.constexpr, HEADS_P2: tl.constexpr, HALF_P2: tl.constexpr):
         # one program per token: every q and k head of the token, both halves at once
@@ -83,16 +95,12 @@ if AVAILABLE:
         base = qk_ptr + t * stride_t + h * stride_h + d
         x1 = tl.load(base, mask=mask, other=0.0)
         x2 = tl.load(base + HALF, mask=mask, other=0.0)
-        dt = x1.dtype
         # cos/sin rows repeat their first half (HF layout): one half is enough
         c = tl.load(cos_ptr + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
-        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-        # eager: x * cos + cat(-x2, x1) * sin, each product rounded to the dtype first
-        o1 = (a1 * c).to(dt).to(tl.float32) + (-a2 * s).to(dt).to(tl.float32)
-        o2 = (a2 * c).to(dt).to(tl.float32) + (a1 * s).to(dt).to(tl.float32)
-        tl.store(base, o1.to(dt), mask=mask)
-        tl.store(base + HALF, o2.to(dt), mask=mask)
+        o1, o2 = rotate_halves(x1, x2, c, s)
+        tl.store(base, o1, mask=mask)
+        tl.store(base + HALF, o2, mask=mask)
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, out_ptr, stride_g, stride_o, inter,
@@ -148,13 +156,17 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class StepOps:
-    """The non-matmul, non-attention work of a layer, in one implementation."""
+    """The non-matmul, non-attention work of a layer, in one implementation.
+    ``rope_in_kv_store``: where the attention backend can (Triton), RoPE is left to its
+    KV-store kernel, which rotates q in place and k on its way into the cache: one launch
+    per layer instead of two, and k is read once."""
     name: str
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rope_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    rope_in_kv_store: bool = False
 
 
 EAGER = StepOps("eager", add_rms_norm_eager, rope_eager_, silu_mul_eager)
-TRITON = StepOps("triton", add_rms_norm_triton, rope_triton_, silu_mul_triton) \
-    if AVAILABLE else None
+TRITON = StepOps("triton", add_rms_norm_triton, rope_triton_, silu_mul_triton,
+                 rope_in_kv_store=True) if AVAILABLE else None

@@ -14,7 +14,7 @@ no dequantised copy anywhere. int8 V is stored transposed within each block
 (``kv_cache.TRANSPOSED_V``), the layout in which its narrow tile reaches ``tl.dot`` in
 16-byte copies.
 
-- ``store_kv``: one program per token, all KV heads.
+- ``store_kv``: one program per token, all KV heads; optionally RoPE on q and k first.
 - ``paged_decode``: flash-decoding. Grid (sequence, KV head, split): each program walks its
   share of the context in tiles of ``block_n`` tokens with an online softmax; the query
   heads of one GQA group form the rows of one ``tl.dot``. With more than one split the
@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from backend.layers.fused_ops import rotate_halves
 from backend.layers.kv_cache import TRANSPOSED_V
 
 QUANT_CODES = {"auto": 0, "int8": 1, "fp8_e4m3": 2}
@@ -146,41 +147,72 @@ def _round_to_e4m3(y):
 
 @triton.jit
 def _store_kv_kernel(
-        k_ptr, v_ptr, slot_ptr, cache_ptr, scale_ptr,
-        stride_kt, stride_kh, stride_vt, stride_vh,
+        k_ptr, v_ptr, slot_ptr, cache_ptr, scale_ptr, q_ptr, cos_ptr, sin_ptr,
+        stride_kt, stride_kh, stride_vt, stride_vh, stride_qt, stride_qh, stride_c,
         stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
-        KVH: tl.constexpr, HD: tl.constexpr, KVH_PAD: tl.constexpr, HD_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, QUANT: tl.constexpr, V_T: tl.constexpr):
+        KVH: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr, KVH_PAD: tl.constexpr,
+        HALF_PAD: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, QUANT: tl.constexpr, V_T: tl.constexpr,
+        ROPE: tl.constexpr):
+    # one program per token, every KV head; rows handled as two halves (RoPE pairs them)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = tl.arange(0, KVH_PAD)[:, None]
-    d = tl.arange(0, HD_PAD)[None, :]
-    mask = (h < KVH) & (d < HD)
-    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
-    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
-    dst = cache_ptr + slot * stride_cs + h * stride_ch + d
+    d = tl.arange(0, HALF_PAD)[None, :]
+    mask = (h < KVH) & (d < HALF)
+    k_row = k_ptr + t * stride_kt + h * stride_kh + d
+    v_row = v_ptr + t * stride_vt + h * stride_vh + d
+    k1 = tl.load(k_row, mask=mask, other=0.0)
+    k2 = tl.load(k_row + HALF, mask=mask, other=0.0)
+    if ROPE:
+        c = tl.load(cos_ptr + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
+        k1, k2 = rotate_halves(k1, k2, c, s)
+        hq = tl.arange(0, H_PAD)[:, None]
+        qmask = (hq < H) & (d < HALF)
+        q_row = q_ptr + t * stride_qt + hq * stride_qh + d
+        q1, q2 = rotate_halves(tl.load(q_row, mask=qmask, other=0.0),
+                               tl.load(q_row + HALF, mask=qmask, other=0.0), c, s)
+        tl.store(q_row, q1, mask=qmask)
+        tl.store(q_row + HALF, q2, mask=qmask)
+    _store_row(cache_ptr, scale_ptr, slot, 0, k1, k2, h, d, mask, stride_cs, stride_cc,
+               stride_ch, stride_sc, stride_sh, KVH, HD, HALF, KVH_PAD, BLOCK_SIZE, QUANT, V_T)
+    _store_row(cache_ptr, scale_ptr, slot, 1, tl.load(v_row, mask=mask, other=0.0),
+               tl.load(v_row + HALF, mask=mask, other=0.0), h, d, mask, stride_cs, stride_cc,
+               stride_ch, stride_sc, stride_sh, KVH, HD, HALF, KVH_PAD, BLOCK_SIZE, QUANT, V_T)
+
+
+@triton.jit
+def _store_row(cache_ptr, scale_ptr, slot, c: tl.constexpr, x1, x2, h, d, mask,
+               stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
+               KVH: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr, KVH_PAD: tl.constexpr,
+               BLOCK_SIZE: tl.constexpr, QUANT: tl.constexpr, V_T: tl.constexpr):
+    """K (c = 0) or V (c = 1) of one token, every head, as halves [KVH_PAD, HALF_PAD] ->
+    the cache (quantised with one scale per head when the cache is)."""
+    dst = cache_ptr + slot * stride_cs + c * stride_cc + h * stride_ch + d
     if QUANT == 0:
-        tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(dst + stride_cc, v.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst, x1.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, x2.to(cache_ptr.dtype.element_ty), mask=mask)
     else:
         top = 127.0 if QUANT == 1 else 448.0
-        hs = tl.arange(0, KVH_PAD)
-        for c in tl.static_range(2):
-            x = k.to(tl.float32) if c == 0 else v.to(tl.float32)
-            scale = tl.maximum(tl.max(tl.abs(x), axis=1) / top, 1e-12)  # [KVH_PAD]
-            y = x / scale[:, None]
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(a1), axis=1), tl.max(tl.abs(a2), axis=1))
+        scale = tl.maximum(amax / top, 1e-12)  # [KVH_PAD]
+        for part in tl.static_range(2):
+            y = (a1 if part == 0 else a2) / scale[:, None]
             if QUANT == 1:
                 qv = tl.minimum(tl.maximum(_rint(y), -127.0), 127.0).to(tl.int8)
             else:
                 qv = _round_to_e4m3(y).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
             if c == 0 or not V_T:
-                tl.store(dst + c * stride_cc, qv, mask=mask)
+                tl.store(dst + part * HALF, qv, mask=mask)
             else:  # transposed within the block (_kv_tile)
-                f = d * BLOCK_SIZE + slot % BLOCK_SIZE  # [1, HD_PAD]
+                f = (d + part * HALF) * BLOCK_SIZE + slot % BLOCK_SIZE  # [1, HALF_PAD]
                 row = slot - slot % BLOCK_SIZE + f // HD
                 tl.store(cache_ptr + row * stride_cs + stride_cc + h * stride_ch + f % HD, qv,
                          mask=mask)
-            tl.store(scale_ptr + c * stride_sc + hs * stride_sh + slot, scale, mask=hs < KVH)
+        hs = tl.arange(0, KVH_PAD)
+        tl.store(scale_ptr + c * stride_sc + hs * stride_sh + slot, scale, mask=hs < KVH)
 
 
 # The block-table row stride changes with the step's longest context: not specialised, so
@@ -338,20 +370,31 @@ def _scales(scales: torch.Tensor | None, cache: torch.Tensor) -> tuple[torch.Ten
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
-             scales: torch.Tensor | None, kv_cache_dtype: str, block_size: int) -> None:
+             scales: torch.Tensor | None, kv_cache_dtype: str, block_size: int,
+             rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
     """k, v: [T, kvh, hd] (any row stride); slots: [T]; cache: one layer's
     [slots, 2, kvh, hd] (int8: V transposed within each block of ``block_size`` slots,
-    ``kv_cache.TRANSPOSED_V``); scales: [2, kvh, slots] float32 or None."""
+    ``kv_cache.TRANSPOSED_V``); scales: [2, kvh, slots] float32 or None.
+    ``rope``: (q [T, H, hd], cos, sin [T, hd]) when q and k are not rotated yet: q is
+    rotated in place and k as it is stored (the cache holds rotated keys; ``k`` itself is
+    left as it was), bit for bit as ``fused_ops.rope_triton_`` would."""
     T, kvh, hd = k.shape
     if T == 0:
         return
     sc, ssc, ssh = _scales(scales, cache)
+    q, cos, sin = rope if rope is not None else (k, k, k)  # dummies when not rotating
+    if rope is not None:
+        assert q.stride(2) == 1 and cos.stride(1) == 1 and cos.stride() == sin.stride()
+    H = q.shape[1]
     _store_kv_kernel[(T,)](
-        k, v, slots, cache, sc, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k, v, slots, cache, sc, q, cos, sin, k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), q.stride(0), q.stride(1), cos.stride(0),
         cache.stride(0), cache.stride(1), cache.stride(2), ssc, ssh,
-        KVH=kvh, HD=hd, KVH_PAD=triton.next_power_of_2(kvh), HD_PAD=triton.next_power_of_2(hd),
+        KVH=kvh, HD=hd, HALF=hd // 2, KVH_PAD=triton.next_power_of_2(kvh),
+        HALF_PAD=triton.next_power_of_2(hd // 2), H=H, H_PAD=triton.next_power_of_2(H),
         BLOCK_SIZE=block_size, QUANT=QUANT_CODES[kv_cache_dtype],
-        V_T=kv_cache_dtype in TRANSPOSED_V, num_warps=4 if kvh * hd >= 2048 else 1)
+        V_T=kv_cache_dtype in TRANSPOSED_V, ROPE=rope is not None,
+        num_warps=4 if kvh * hd >= 2048 else 1)
 
 
 def decode_splits(batch: int, kv_heads: int, max_context: int | None, device: torch.device,

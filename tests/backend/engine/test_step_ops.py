@@ -27,9 +27,9 @@ def references(tiny_llama) -> list[list[int]]:
     return [hf_greedy(tiny_llama, p, GREEDY.max_tokens) for p in PROMPTS]
 
 
-def _generate(make_engine, **fields) -> tuple[list[list[int]], list[int]]:
+def _generate(make_engine, attention: str = "sdpa", **fields) -> tuple[list[list[int]], list[int]]:
     """(greedy tokens of PROMPTS in one batch under a 16-token budget, of one prompt alone)"""
-    engine = make_engine(device=DEVICE, attention="sdpa", max_num_batched_tokens=16, **fields)
+    engine = make_engine(device=DEVICE, attention=attention, max_num_batched_tokens=16, **fields)
     return engine.generate(PROMPTS, GREEDY), engine.generate([[9, 8, 7]], GREEDY)[0]
 
 
@@ -70,9 +70,10 @@ def test_resolve_step_ops() -> None:
 
 
 @pytest.mark.skipif(not fused_ops.AVAILABLE, reason="triton not installed")
-def test_fused_kernels_greedy_parity(make_engine, references) -> None:
-    eager, eager_alone = _generate(make_engine, fused_ops=False)
-    fused, fused_alone = _generate(make_engine, fused_ops=True)
+@pytest.mark.parametrize("attention", ["sdpa", "triton"])  # triton: RoPE inside the KV store
+def test_fused_kernels_greedy_parity(make_engine, references, attention) -> None:
+    eager, eager_alone = _generate(make_engine, attention, fused_ops=False)
+    fused, fused_alone = _generate(make_engine, attention, fused_ops=True)
     assert eager == references
     assert fused == eager and fused_alone == eager_alone
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from backend.layers import fused_ops
 from backend.layers.attention import Attention, AttentionMetadata, math_attention
 from backend.layers.kv_cache import KVCache
 
@@ -85,6 +86,41 @@ def test_store_kernel_matches_the_torch_write(kind: str, atol: int) -> None:
         assert (a.data.float() - b.data.float()).abs().max() <= atol
     if a.scales is not None:
         torch.testing.assert_close(a.scales, b.scales)
+
+
+@pytest.mark.parametrize("kind", ["auto", "int8", "fp8_e4m3"])
+@pytest.mark.parametrize("dtype,heads,kvh,hd", [(torch.float32, 4, 2, 64),
+                                               (torch.bfloat16, 9, 3, 64),
+                                               (torch.bfloat16, 8, 8, 128)])
+def test_rope_in_the_store_equals_rope_then_store(kind: str, dtype: torch.dtype, heads: int,
+                                                  kvh: int, hd: int) -> None:
+    """RoPE applied by the store kernel leaves q and the cache exactly as the separate RoPE
+    kernel followed by a plain store does (same roundings), and k as it was."""
+    gen = torch.Generator().manual_seed(3)
+    T = 5
+    qkv = torch.randn(T, (heads + 2 * kvh) * hd, generator=gen).to(dtype)  # q | k | v rows
+    angles = torch.rand(T, hd // 2, generator=gen) * 50
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    slots = torch.randperm(12 * BS, generator=gen)[:T]
+    split = lambda x: (x[:, :heads * hd].view(T, heads, hd),  # noqa: E731
+                       x[:, heads * hd:].view(T, 2, kvh, hd)[:, 0],
+                       x[:, heads * hd:].view(T, 2, kvh, hd)[:, 1])
+    a, b = _cache(kvh, hd, dtype, kind), _cache(kvh, hd, dtype, kind)
+    separate, fused = qkv.clone(), qkv.clone()
+    fused_ops.rope_triton_(separate[:, :(heads + kvh) * hd].view(T, heads + kvh, hd), cos, sin)
+    q, k, v = split(separate)
+    triton_attention.store_kv(k, v, slots, a.data[0], None if a.scales is None else a.scales[0],
+                              kind, BS)
+    q, k, v = split(fused)
+    triton_attention.store_kv(k, v, slots, b.data[0], None if b.scales is None else b.scales[0],
+                              kind, BS, rope=(q, cos, sin))
+    assert torch.equal(fused[:, :heads * hd], separate[:, :heads * hd])  # q rotated in place
+    assert torch.equal(fused[:, heads * hd:], qkv[:, heads * hd:])  # k, v untouched
+    assert torch.equal(b.data, a.data)
+    if a.scales is not None:
+        assert torch.equal(b.scales, a.scales)
+    assert not torch.equal(fused[:, :heads * hd], qkv[:, :heads * hd])  # RoPE did something
 
 
 @pytest.mark.parametrize("dtype,group,hd,splits", [
