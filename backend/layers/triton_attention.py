@@ -49,8 +49,11 @@ _FP8_MAX = 448.0
 _LOG2E = 1.4426950408889634
 # Decode tiles (tokens per loop iteration) and software-pipeline depths by cache dtype:
 # the fastest measured on an H200 (docs/BENCHMARKS.md).
+# bf16: 2 warps and 3 stages were 2-7 % faster than 4 warps and 2 stages at every batch and
+# context timed (8-64 x 544 and 4k); int8 keeps 4 warps (2 warps lost 3-10 % at 4k).
 DECODE_BLOCK_N = {"auto": 64, "int8": 128, "fp8_e4m3": 128}
-DECODE_STAGES = {"auto": 2, "int8": 3, "fp8_e4m3": 2}
+DECODE_STAGES = {"auto": 3, "int8": 3, "fp8_e4m3": 2}
+DECODE_WARPS = {"auto": 2, "int8": 4, "fp8_e4m3": 4}
 
 
 @triton.jit
@@ -422,7 +425,7 @@ def _multiprocessors(device: torch.device) -> int:
 def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | None,
                  block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor,
                  scale: float, block_size: int, kv_cache_dtype: str, num_splits: int,
-                 block_n: int | None = None, num_warps: int = 4,
+                 block_n: int | None = None, num_warps: int | None = None,
                  num_stages: int | None = None) -> torch.Tensor:
     """q: [B, H, hd]; block_tables: [B, W] int32; context_lens: [B] int32 (>= 1);
     out: [B, H, hd] (written). One KV head's query group per program (padded to the 16 rows
@@ -435,6 +438,8 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
         block_n = DECODE_BLOCK_N[kv_cache_dtype]
     if num_stages is None:
         num_stages = DECODE_STAGES[kv_cache_dtype]
+    if num_warps is None:
+        num_warps = DECODE_WARPS[kv_cache_dtype]
     hd_pad = _pad(hd)
     sc, ssc, ssh = _scales(scales, cache)
     if num_splits > 1:

@@ -1,0 +1,123 @@
+"""Kernel-only times of the Triton attention kernels over tile configs, on CUDA.
+
+Each config is captured in a CUDA graph of repeated calls and timed by replay, so the figure
+is the kernels' own time with no Python launch cost (``benchmarks.attention`` times single
+calls with ``do_bench``, launch included). Two questions, one run:
+- decode: block_n / num_warps / num_stages per KV dtype, at batches 8-64 and contexts 544
+  and 4k (the engine's CUDA graphs cannot pick a tile by context: one config must serve all);
+- prefill: one 512-token prompt alone in the grid (``chunks=1``) and in a grid with the 8
+  chunk slots of a graphed prefill step (``chunks=8``, the other slots empty).
+
+``python -m benchmarks.attention_tiles --json PATH`` (GPU only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from backend.layers import triton_attention as ta
+from benchmarks.attention import BS, DEV, HD, H, KVH, _paged
+
+DECODE_SHAPES = ((64, 544), (64, 4096), (32, 4096), (8, 4096), (8, 544), (1, 544))
+# (block_n, num_warps, num_stages); the engine's default per dtype is timed first
+DECODE_TILES = ((32, 2, 2), (32, 2, 3), (32, 2, 4), (64, 2, 2), (64, 2, 3), (64, 2, 4),
+                (64, 4, 2), (64, 4, 3), (128, 2, 3), (128, 4, 3), (32, 4, 2))
+PREFILL_TILES = ((128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 128, 8, 2))
+
+
+def graph_us(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> float:
+    """Microseconds per call of ``fn`` replayed from a CUDA graph of ``calls`` calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm outside the capture
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (calls * replays) * 1e3
+
+
+def decode_tiles(kinds: list[str], gen: torch.Generator) -> list[dict]:
+    rows = []
+    for kind in kinds:
+        default = (ta.DECODE_BLOCK_N[kind], ta.DECODE_WARPS[kind], ta.DECODE_STAGES[kind])
+        tiles = [default, *(t for t in DECODE_TILES if t != default)]
+        for batch, ctx in DECODE_SHAPES:
+            cache, scales, tables = _paged(batch, ctx, kind, gen)
+            q = torch.randn(batch, H, HD, dtype=torch.bfloat16, device=DEV, generator=gen)
+            out = torch.empty_like(q)
+            lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+            splits = ta.decode_splits(batch, KVH, None, DEV)  # as in the engine's graphs
+            for bn, warps, stages in tiles:
+                us = graph_us(partial(
+                    ta.paged_decode, q, cache, scales, tables, lens, out, HD ** -0.5, BS, kind,
+                    splits, block_n=bn, num_warps=warps, num_stages=stages), calls=10, replays=5)
+                rows.append(dict(kind=kind, batch=batch, context=ctx, splits=splits, block_n=bn,
+                                 num_warps=warps, num_stages=stages, us=us,
+                                 default=(bn, warps, stages) == default))
+            best = min((r for r in rows if r["kind"] == kind and r["batch"] == batch
+                        and r["context"] == ctx), key=lambda r: r["us"])
+            dflt = next(r for r in rows if r["kind"] == kind and r["batch"] == batch
+                        and r["context"] == ctx and r["default"])
+            print(f"decode {kind:5s} {batch:3d} x {ctx:5d}: default {dflt['us']:8.1f} us, best "
+                  f"{best['us']:8.1f} us ({best['block_n']}/{best['num_warps']}/"
+                  f"{best['num_stages']})", flush=True)
+            del cache, scales
+            torch.cuda.empty_cache()
+    return rows
+
+
+def prefill_tiles(gen: torch.Generator, tokens: int = 512) -> list[dict]:
+    cache, _, one = _paged(1, tokens, "auto", gen)
+    q = torch.randn(tokens, H, HD, dtype=torch.bfloat16, device=DEV, generator=gen)
+    out = torch.empty_like(q)
+    rows = []
+    for chunks in (1, 8):
+        tables = torch.zeros(chunks, one.shape[1], dtype=torch.int32, device=DEV)
+        tables[0] = one[0]
+        lens = torch.zeros(chunks, dtype=torch.int32, device=DEV)
+        lens[0] = tokens
+        starts = torch.full((chunks + 1,), tokens, dtype=torch.int32, device=DEV)
+        starts[0] = 0
+        for bm, bn, warps, stages in PREFILL_TILES:
+            us = graph_us(partial(
+                ta.paged_prefill, q, cache, None, tables, lens, starts, tokens, out, HD ** -0.5,
+                BS, "auto", block_m=bm, block_n=bn, num_warps=warps, num_stages=stages))
+            rows.append(dict(tokens=tokens, chunks=chunks, block_m=bm, block_n=bn,
+                             num_warps=warps, num_stages=stages, us=us))
+            print(f"prefill {tokens} tokens, {chunks} chunk slots, {bm}/{bn}/{warps}/{stages}: "
+                  f"{us:.1f} us", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--kinds", default="auto,int8", help="decode KV dtypes")
+    args = ap.parse_args(argv)
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "prefill": prefill_tiles(gen), "decode": decode_tiles(args.kinds.split(","), gen)}
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
