@@ -40,10 +40,15 @@ from typing import Any, Callable
 import aiohttp
 import uvloop
 
+from backend.engine.async_engine import OutputChannel
 from backend.engine.config import EngineConfig
 from backend.server import ServerConfig, create_app
 from backend.server.app import start_app
+from backend.server.formatting import ChunkFormatter, sse_event
+from backend.server.generation import Delta
 from backend.server.handlers import STATE
+from backend.tokenizer import IncrementalDetokenizer, Tokenizer
+from backend.weights.loader import load_model_source
 from openai_stream import SSEFramer, has_content, is_done
 
 # The figures of the commit before the host-cost changes, measured with this module on the
@@ -188,14 +193,14 @@ def summarize_steps(steps: list[dict], batch: int) -> dict:
     return out
 
 
-def _top(prof: cProfile.Profile, n: int) -> list[dict]:
+def _top(prof: cProfile.Profile, n: int, key: str = "tottime_ms") -> list[dict]:
     stats = pstats.Stats(prof, stream=io.StringIO())
     rows = []
     for (file, line, func), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
         rows.append({"function": f"{os.path.relpath(file) if file.startswith('/') else file}"
                                  f":{line}({func})", "calls": ncalls,
                      "tottime_ms": round(tottime * 1e3, 2), "cumtime_ms": round(cumtime * 1e3, 2)})
-    rows.sort(key=lambda r: r["tottime_ms"], reverse=True)
+    rows.sort(key=lambda r: r[key], reverse=True)
     return rows[:n]
 
 
@@ -259,11 +264,82 @@ async def _serve_and_measure(args: argparse.Namespace) -> dict:
             meter.profiler = cProfile.Profile(time.thread_time)
             await _window(base, args, meter, args.requests_per_worker, loop_prof)
             meter.profiler, prof = None, meter.profiler
-            result["profile"] = {"loop_top": _top(loop_prof, args.profile_top),
-                                 "engine_step_top": _top(prof, args.profile_top)}
+            result["profile"] = {
+                "loop_top": _top(loop_prof, args.profile_top),
+                "loop_top_cumulative": _top(loop_prof, args.profile_top, "cumtime_ms"),
+                "engine_step_top": _top(prof, args.profile_top),
+                "engine_step_top_cumulative": _top(prof, args.profile_top, "cumtime_ms")}
         return result
     finally:
         await runner.cleanup()
+
+
+# --- the per-token pieces alone, the way before and now -----------------------------------
+class _TwoDecodes:
+    """A tokenizer whose detokenizer decodes both windows of every token (no per-token
+    cache): the detokenizer as it was before."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.decode = tok.decode
+
+    def decode_one(self, token_id: int, skip_special_tokens: bool = True) -> str:
+        return self.decode([token_id], skip_special_tokens)
+
+
+def _cpu_us_per(n: int, fn: Callable[[], None]) -> float:
+    c0 = time.thread_time()
+    fn()
+    return round((time.thread_time() - c0) / n * 1e6, 2)
+
+
+async def _handoff_us(make: Callable[[], Any], put: str, streams: int, steps: int) -> float:
+    """Event-loop CPU per item: one callback per step puts an item into each of ``streams``
+    channels, each read by its own task (the engine-to-request hand-off)."""
+    loop = asyncio.get_running_loop()
+    channels = [make() for _ in range(streams)]
+
+    async def reader(ch: Any) -> None:
+        for _ in range(steps):
+            await ch.get()
+
+    tasks = [asyncio.create_task(reader(ch)) for ch in channels]
+    await asyncio.sleep(0)
+    c0 = time.thread_time()
+    for _ in range(steps):
+        for ch in channels:
+            getattr(ch, put)(0)
+        await asyncio.sleep(0)  # let every reader take its item
+    await asyncio.gather(*tasks)
+    return round((time.thread_time() - c0) / (streams * steps) * 1e6, 2)
+
+
+def measure_components(model: str, tokens: int = 4096) -> dict:
+    """CPU µs per streamed token of the hand-off, the chunk bytes and the detokenizer, each
+    the way it was and the way it is (same inputs)."""
+    tok = load_model_source(model).tokenizer
+    ids = tok.encode(" ".join(["The river ran past the mountain, and a lantern shone;"] * 400)
+                     + " \"quoted\" \u00e9t\u00e9 \u4e2d\u6587")[:tokens]
+    texts = [tok.decode([t]) or "x" for t in ids]
+    fmt = ChunkFormatter("chat", "0123456789abcdef", model, include_usage=True)
+    out: dict[str, dict] = {}
+
+    def detok(tokenizer: Any) -> Callable[[], None]:
+        def run() -> None:
+            d = IncrementalDetokenizer(tokenizer)
+            for t in ids:
+                d.push(t)
+        return run
+
+    out["detokenize"] = {"before": _cpu_us_per(len(ids), detok(_TwoDecodes(tok))),
+                         "now": _cpu_us_per(len(ids), detok(tok))}
+    out["chunk_bytes"] = {
+        "before": _cpu_us_per(len(texts), lambda: [sse_event(fmt.delta(Delta(t)))
+                                                    for t in texts]),
+        "now": _cpu_us_per(len(texts), lambda: [fmt.frame(Delta(t)) for t in texts])}
+    out["handoff"] = {
+        "before": uvloop.run(_handoff_us(asyncio.Queue, "put_nowait", 64, 64)),
+        "now": uvloop.run(_handoff_us(OutputChannel, "put", 64, 64))}
+    return out
 
 
 def _headline(runs: list[dict]) -> dict:
@@ -300,6 +376,8 @@ def _print_table(doc: dict, before: dict | None) -> None:
         old = before["headline"].get(key) if before else None
         print(f"{key:34} {old if old is not None else '-':>10} "
               f"{value if value is not None else '-':>10}")
+    for name, row in doc.get("components_us_per_token", {}).items():
+        print(f"{name + ' (alone, µs/token)':34} {row['before']:>10} {row['now']:>10}")
     for section in ("loop_top", "engine_step_top"):
         rows = doc.get("profile", {}).get(section)
         if rows:
@@ -319,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true",
                    help="one more window under cProfile: top functions by own time")
     p.add_argument("--profile-top", type=int, default=30)
+    p.add_argument("--components", action="store_true",
+                   help="also time the per-token pieces alone, before and now")
     p.add_argument("--json", default=None, help="write the raw results here")
     p.add_argument("--before", default=BEFORE_JSON,
                    help="earlier results printed beside this run (default: %(default)s)")
@@ -328,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(uvloop.run(_client(args))), flush=True)
         return 0
     result = uvloop.run(_serve_and_measure(args))
+    if args.components:
+        result["components_us_per_token"] = measure_components(args.model)
     doc = {"benchmark": "server_host_cost", "commit": _git_head(),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                        "python": platform.python_version()},
