@@ -80,9 +80,10 @@ class IncrementalDetokenizer:
         return self._emit(final=True)
 
     def _emit(self, final: bool) -> str:
-        decode = self._tok.decode
-        prefix_text = decode(self._ids[self._prefix_offset:self._read_offset], self._skip)
-        new_text = decode(self._ids[self._prefix_offset:], self._skip)
+        decode, start, read = self._tok.decode, self._prefix_offset, self._read_offset
+        prefix_text = self._tok.decode_one(self._ids[start], self._skip) \
+            if read - start == 1 else decode(self._ids[start:read], self._skip)
+        new_text = decode(self._ids[start:], self._skip)
         if not final:
             if len(new_text) <= len(prefix_text):
                 return ""  # e.g. a skipped special token: nothing visible yet
@@ -107,6 +108,8 @@ class Tokenizer:
         self.add_bos_token: bool = meta.add_bos_token
         self.chat_template: str | None = meta.chat_template
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        # (token id, skip_special_tokens) -> its text alone; at most two per vocabulary entry
+        self._one: dict[tuple[int, bool], str] = {}
         # Compiled once here; a template that does not compile fails each chat request with
         # its message (completions still work), rather than the whole model load.
         self._template: jinja2.Template | ChatTemplateError | None = None
@@ -122,7 +125,16 @@ class Tokenizer:
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return self.backend.decode(ids if type(ids) is list else list(ids),
+                                   skip_special_tokens=skip_special_tokens)
+
+    def decode_one(self, token_id: int, skip_special_tokens: bool = True) -> str:
+        """``decode([token_id])``, remembered: a decode depends on its ids alone."""
+        key = (token_id, skip_special_tokens)
+        text = self._one.get(key)
+        if text is None:
+            text = self._one[key] = self.decode([token_id], skip_special_tokens)
+        return text
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             **extra: object) -> str:

@@ -1,7 +1,7 @@
 """AsyncEngine: the engine loop in its own thread, bridged to asyncio.
 
 The event loop never runs torch: ``generate`` posts an add command to a thread-safe queue
-and awaits a per-request ``asyncio.Queue``; the engine thread drains the commands between
+and awaits a per-request ``OutputChannel``; the engine thread drains the commands between
 steps, runs a step, and hands the step's outputs back with one
 ``loop.call_soon_threadsafe`` per step, as soon as ``step()`` returns them (with overlap
 scheduling these are the previous step's tokens, handed over while the device runs the
@@ -16,6 +16,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -40,7 +41,7 @@ class AsyncEngine:
         self._engine = None
         self._thread: threading.Thread | None = None
         self._commands: queue.Queue = queue.Queue()
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._queues: dict[str, OutputChannel] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
         self._profiler = StepProfiler()  # engine-thread owned; driven by commands
@@ -80,7 +81,7 @@ class AsyncEngine:
         self.check_request(len(prompt_token_ids), params)
         if request_id in self._queues:
             raise ValueError(f"duplicate request id {request_id!r}")
-        out: asyncio.Queue = asyncio.Queue()
+        out = OutputChannel()
         self._queues[request_id] = out
         self._commands.put(("add", request_id, list(prompt_token_ids), params,
                             time.perf_counter_ns()))
@@ -210,15 +211,47 @@ class AsyncEngine:
 
     # -- event loop side --------------------------------------------------------------
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        queues = self._queues
         for out in outputs:
-            q = self._queues.get(out.request_id)
+            q = queues.get(out.request_id)
             if q is not None:
-                q.put_nowait(out)
+                q.put(out)
 
     def _deliver_error(self, request_id: str, exc: Exception) -> None:
         q = self._queues.get(request_id)
         if q is not None:
-            q.put_nowait(exc)
+            q.put(exc)
+
+
+class OutputChannel:
+    """One request's outputs on the event loop: a deque and at most one waiting reader.
+
+    Every streamed token passes through here once, so it does only that: asyncio.Queue's
+    bookkeeping (size limit, waiting writers, unfinished-task count and its Event) would run
+    for every token of every request. Event-loop side only.
+    """
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque = deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, item: object) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> object:
+        items = self._items
+        while not items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return items.popleft()
 
 
 def _set_result(fut: asyncio.Future) -> None:

@@ -110,6 +110,8 @@ class BlockManager:
         if not self.prefix_caching:
             return
         bs, full = self.block_size, seq.num_computed // self.block_size
+        if full <= seq.num_hashed_blocks:  # most steps: no block filled up
+            return
         h = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash \
             if seq.num_hashed_blocks else None
         for i in range(seq.num_hashed_blocks, full):

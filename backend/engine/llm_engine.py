@@ -208,9 +208,9 @@ class LLMEngine:
     def _collect(self, launched: _Launched) -> list[RequestOutput]:
         """Read a launched step's sampled ids (the step's one host sync) and append them."""
         tokens = launched.ids.tolist()
-        outputs = []
+        outputs, live = [], self.seqs
         for seq, slot, token in zip(launched.sampled, launched.slots, tokens):
-            if self.seqs.get(seq.request_id) is not seq:
+            if live.get(seq.request_id) is not seq:
                 continue  # aborted, failed or stopped meanwhile: the token is discarded
             outputs.append(self._append(seq, slot, token))
         return outputs
@@ -255,11 +255,10 @@ class LLMEngine:
     def _append(self, seq: Sequence, slot: int, token: int) -> RequestOutput:
         """The sampled token of ``seq`` at index ``slot`` is known: put it in place of its
         placeholder, check the stops, hand out what is new."""
-        now = time.perf_counter_ns()
         seq.token_ids[slot] = token
         self.generation_tokens_total += 1
         if seq.first_token_ns is None:
-            seq.first_token_ns = now
+            seq.first_token_ns = time.perf_counter_ns()
         p, reason = seq.params, None
         stop_token = token in p.stop_token_ids or (not p.ignore_eos and token in self.eos)
         if stop_token:

@@ -15,7 +15,7 @@ class RequestTimings:
     e2e_s: float  # arrival -> finished
 
 
-@dataclass
+@dataclass(slots=True)  # one per request per step: built and read on the hot path
 class RequestOutput:
     request_id: str
     new_token_ids: list[int]  # tokens produced since the previous output of this request

@@ -51,7 +51,10 @@ class Sequence:
     @property
     def is_decode(self) -> bool:
         """Only the newest token lacks K/V: one-token step that samples."""
-        return self.num_uncomputed == 1 and self.num_generated > 0
+        # num_uncomputed == 1 and num_generated > 0, spelled out: the scheduler asks this
+        # of every running sequence in every step
+        n = len(self.token_ids)
+        return n - self.num_computed == 1 and n > self.num_prompt_tokens
 
     def take_new_tokens(self, end: int | None = None) -> list[int]:
         """Generated tokens not handed out yet, up to index ``end`` of token_ids (the

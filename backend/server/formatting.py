@@ -2,10 +2,14 @@
 
 Streaming writes each chunk as an SSE ``data:`` line; a non-stream request renders the very
 same chunks and merges them with ``aggregate`` — one code path for all four request shapes.
+A stream's content chunks, one per token and request, are not built as dicts: their bytes
+are the bytes of the same chunk rendered once per request around a placeholder text, with
+the JSON-escaped delta text in its place (``ChunkFormatter.frame``).
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from typing import AsyncIterator
 
@@ -13,6 +17,16 @@ from .generation import Delta, Event, Finish
 from .protocol import Kind
 
 TIMINGS_FIELD = "firsttoken_timings"
+_PLACEHOLDER = "\x00"  # json.dumps writes it as "\u0000": never a real delta's whole text
+
+
+def sse_event(payload: dict | str) -> bytes:
+    """One SSE event: ``data: <compact JSON, or the string as is>`` and a blank line."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+SSE_DONE = sse_event("[DONE]")
 
 
 class ChunkFormatter:
@@ -24,6 +38,11 @@ class ChunkFormatter:
         self.model = model
         self.created = int(time.time())
         self.include_usage = include_usage
+        # the SSE bytes of a content chunk before and after its text's JSON string; the
+        # last match is the text (only the choice's closing keys and usage follow it)
+        before, _, after = sse_event(self.delta(Delta(_PLACEHOLDER))).rpartition(
+            json.dumps(_PLACEHOLDER).encode())
+        self._text_frame = (before, after)
 
     def _chunk(self, choices: list[dict]) -> dict:
         chunk = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat"
@@ -62,6 +81,13 @@ class ChunkFormatter:
             chunks.append(usage_chunk)
         chunks[-1][TIMINGS_FIELD] = event.timings
         return chunks
+
+    def frame(self, event: Event) -> bytes:
+        """A streamed event's SSE bytes: ``sse_event`` of its chunks (``delta``/``finish``)."""
+        if isinstance(event, Delta):
+            before, after = self._text_frame
+            return before + json.dumps(event.text).encode() + after
+        return b"".join(sse_event(chunk) for chunk in self.finish(event))
 
     async def render(self, events: AsyncIterator[Event]) -> AsyncIterator[dict]:
         # aclosing: closing the chunks closes the events at once, which aborts the engine

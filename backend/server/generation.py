@@ -131,7 +131,8 @@ class Generation:
             self.completion_tokens += len(out.new_token_ids)
         with self._nvtx.range("detokenize"):
             # The engine leaves EOS / stop tokens out; the detokenizer skips special tokens.
-            text = "".join(detok.push(t) for t in out.new_token_ids)
+            ids = out.new_token_ids
+            text = detok.push(ids[0]) if len(ids) == 1 else "".join(detok.push(t) for t in ids)
             released = self._stops.push(text) if text else ""
             if out.finished and not self._stops.stopped:
                 released += self._stops.push(detok.flush())

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -11,18 +10,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .errors import FAILURE, APIError, bad_request
-from .formatting import ChunkFormatter, aggregate
+from .formatting import SSE_DONE, ChunkFormatter, aggregate, sse_event
 from .generation import Generation
 from .protocol import Kind, parse_generation, parse_messages, read_json
 from .state import BackendState, request_id
 
 log = logging.getLogger("backend.server")
 STATE = web.AppKey("backend_state", BackendState)
-
-
-def _sse(payload: dict | str) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
 
 
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
@@ -50,18 +44,20 @@ async def _stream(request: web.Request, fmt: ChunkFormatter,
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    # aclosing: however this ends (client gone, handler cancelled, error), the chunk and
-    # event generators close now, which aborts the engine request and frees its blocks.
-    async with contextlib.aclosing(fmt.render(run.events())) as chunks:
+    # aclosing: however this ends (client gone, handler cancelled, error), the event
+    # generator closes now, which aborts the engine request and frees its blocks.
+    async with contextlib.aclosing(run.events()) as events:
         try:
-            async for chunk in chunks:
-                await resp.write(_sse(chunk))
-            await resp.write(_sse("[DONE]"))
+            for chunk in fmt.start():
+                await resp.write(sse_event(chunk))
+            async for event in events:  # the same chunks as fmt.render, as SSE bytes
+                await resp.write(fmt.frame(event))
+            await resp.write(SSE_DONE)
         except APIError as err:
             # Headers are gone: report in-band (OpenAI's shape) and leave out [DONE], so a
             # failed stream never reads as a complete, shorter answer.
             request[FAILURE] = err  # counted and logged once by the failure middleware
-            await resp.write(_sse(err.body()))
+            await resp.write(sse_event(err.body()))
         except ConnectionError:
             log.info("client disconnected from %s", request_id(request))
             return resp
