@@ -54,7 +54,6 @@ _LOG2E = 1.4426950408889634
 DECODE_BLOCK_N = {"auto": 64, "int8": 128, "fp8_e4m3": 128}
 DECODE_STAGES = {"auto": 3, "int8": 3, "fp8_e4m3": 2}
 DECODE_WARPS = {"auto": 2, "int8": 4, "fp8_e4m3": 4}
-DECODE_TAIL_N = 32  # tile of a context's last partial BLOCK_N (tl.dot needs >= 16)
 
 
 @triton.jit
@@ -228,8 +227,7 @@ def _decode_kernel(
         stride_qt, stride_qh, stride_bt, stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
-        NUM_SPLITS: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
         QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, V_T: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -252,20 +250,14 @@ def _decode_kernel(
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HD_PAD], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    # Whole tiles of BLOCK_N, then the rest in tiles of TAIL_N: a context just past a
-    # multiple of BLOCK_N would otherwise pay a whole, mostly masked tile (544 tokens in
-    # tiles of 128 cost 5 tiles' work for 4.25 tiles of data).
-    full = start + (end - start) // BLOCK_N * BLOCK_N
-    for n0 in range(start, full, BLOCK_N):
-        m_i, l_i, acc = _decode_tile(q, n0, end, m_i, l_i, acc, cache_ptr, scale_ptr, bt_row,
-                                     h, d, dmask, qk_scale, stride_cs, stride_cc, stride_ch,
-                                     stride_sc, stride_sh, BLOCK_SIZE, BLOCK_N, HD, QUANT, V_T,
-                                     DOT_PREC, cdt)
-    for n0 in range(full, end, TAIL_N):
-        m_i, l_i, acc = _decode_tile(q, n0, end, m_i, l_i, acc, cache_ptr, scale_ptr, bt_row,
-                                     h, d, dmask, qk_scale, stride_cs, stride_cc, stride_ch,
-                                     stride_sc, stride_sh, BLOCK_SIZE, TAIL_N, HD, QUANT, V_T,
-                                     DOT_PREC, cdt)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nmask = n < end
+        k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, end, h, d, dmask, stride_cs,
+                              stride_cc, stride_ch, BLOCK_SIZE, HD, QUANT, V_T, cdt)
+        m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, nmask[None, :], m_i, l_i, acc,
+                                     qk_scale, scale_ptr, h, stride_sc, stride_sh, QUANT,
+                                     DOT_PREC, True)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -279,21 +271,6 @@ def _decode_kernel(
         tl.store(part_o_ptr + row[:, None] * HD_PAD + d[None, :], o, mask=gmask[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=gmask)
-
-
-@triton.jit
-def _decode_tile(q, n0, end, m_i, l_i, acc, cache_ptr, scale_ptr, bt_row, h, d, dmask,
-                 qk_scale, stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
-                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HD: tl.constexpr,
-                 QUANT: tl.constexpr, V_T: tl.constexpr, DOT_PREC: tl.constexpr,
-                 cdt: tl.constexpr):
-    """The decode's online-softmax step over positions [n0, n0 + BLOCK_N) below ``end``."""
-    n = n0 + tl.arange(0, BLOCK_N)
-    nmask = n < end
-    k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, end, h, d, dmask, stride_cs,
-                          stride_cc, stride_ch, BLOCK_SIZE, HD, QUANT, V_T, cdt)
-    return _attend_tile(q, k, v, slot, nmask, nmask[None, :], m_i, l_i, acc, qk_scale,
-                        scale_ptr, h, stride_sc, stride_sh, QUANT, DOT_PREC, True)
 
 
 @triton.jit
@@ -475,8 +452,7 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
         q.stride(0), q.stride(1), block_tables.stride(0), cache.stride(0), cache.stride(1),
         cache.stride(2), ssc, ssh, out.stride(0), out.stride(1),
         GROUP=group, G_PAD=_pad(group), HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size,
-        BLOCK_N=block_n, TAIL_N=min(block_n, DECODE_TAIL_N), NUM_SPLITS=num_splits,
-        QUANT=QUANT_CODES[kv_cache_dtype],
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=QUANT_CODES[kv_cache_dtype],
         DOT_PREC=_dot_precision(q.dtype), UPCAST=interpreting(),
         V_T=kv_cache_dtype in TRANSPOSED_V, num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:

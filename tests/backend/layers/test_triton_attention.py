@@ -144,26 +144,6 @@ def test_paged_decode_matches_reference(dtype: torch.dtype, group: int, hd: int,
                                    rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("kind,splits", [("auto", 1), ("int8", 1), ("auto", 2)])
-def test_decode_whole_tiles_then_a_narrower_tail(kind: str, splits: int) -> None:
-    """Contexts of whole 64-token tiles, of whole tiles plus a tail (read in tiles of
-    ``DECODE_TAIL_N``), and of a tail alone, in one launch."""
-    gen = torch.Generator().manual_seed(4)
-    kvh, group, hd, lens = 2, 2, 64, [1, 64, 65, 100, 130]
-    cache = _cache(kvh, hd, torch.float32, kind, blocks=32)
-    tables = _tables(lens, cache.num_blocks, gen)
-    _fill(cache, tables, lens, gen)
-    q = torch.randn(len(lens), kvh * group, hd, generator=gen)
-    out = torch.empty_like(q)
-    triton_attention.paged_decode(q, cache.data[0], None if cache.scales is None else
-                                  cache.scales[0], tables, torch.tensor(lens, dtype=torch.int32),
-                                  out, hd ** -0.5, BS, kind, splits, block_n=64)
-    for i, n in enumerate(lens):
-        k, v = _context(cache, tables[i], n)
-        ref = _reference(q[i:i + 1], k, v, n - 1)[0]
-        torch.testing.assert_close(out[i], ref, atol=1e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize("kind,hd,block_n", [("int8", 64, 16), ("int8", 72, 64),
                                              ("fp8_e4m3", 64, 16)])
 def test_quantised_decode_and_prefill_match_the_dequantised_reference(kind: str, hd: int,
