@@ -1,0 +1,123 @@
+"""Where one engine step's GPU time goes, kernel by kernel, on CUDA.
+
+Synthetic Llama-2-7B (bf16, every CUDA default), one engine: a 512-token prefill (three
+prompts, each alone) and decode steps at batch 1 and 64 (context about 512-560) under
+``torch.profiler``; per step, the kernels' summed device time by name and count, the largest
+first. Before that, the cuBLAS and cuBLASLt times of the layer's four GEMM shapes at 512 and
+64 rows (torch's ``preferred_blas_library``), to see whether the other library would pay.
+
+``python -m benchmarks.step_kernels --json PATH`` (GPU only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling import SamplingParams
+from backend.weights.loader import synthetic_source
+
+# (rows, out features, in features) of qkv, o, gate_up, down at Llama-2-7B widths
+GEMMS = [(m, n, k) for m in (512, 64) for n, k in
+         ((12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008))]
+
+
+def gemm_us(m: int, n: int, k: int, calls: int = 50) -> float:
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    for _ in range(5):
+        F.linear(x, w)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        F.linear(x, w)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls * 1e3
+
+
+def blas_libraries() -> dict:
+    res = {}
+    for lib in ("cublas", "cublaslt"):
+        torch.backends.cuda.preferred_blas_library(lib)
+        for m, n, k in GEMMS:
+            us = gemm_us(m, n, k)
+            res[f"{lib} {m}x{n}x{k}"] = {"us": us, "tflop_s": 2 * m * n * k / us / 1e6}
+            print(f"{lib:8s} {m:4d} x {n:5d} x {k:5d}: {us:7.1f} us "
+                  f"{2 * m * n * k / us / 1e6:5.0f} TFLOP/s", flush=True)
+    torch.backends.cuda.preferred_blas_library("cublas")
+    return res
+
+
+def by_kernel(prof: profile, steps: int) -> dict:
+    """Per step: total kernel time, kernel count, and the kernels by summed time."""
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", 0)
+        if t > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append({"us": t / steps, "count": e.count / steps, "name": e.key})
+    rows.sort(key=lambda r: -r["us"])
+    return {"kernel_us_per_step": sum(r["us"] for r in rows),
+            "kernels_per_step": sum(r["count"] for r in rows), "kernels": rows[:25]}
+
+
+def engine_steps() -> dict:
+    engine = LLMEngine(EngineConfig(device="cuda", dtype="bfloat16", attention="triton",
+                                    enable_prefix_caching=False, kv_cache_memory_gib=24,
+                                    max_model_len=1024, max_num_seqs=64),
+                       synthetic_source("llama-2-7b"))
+    gen = torch.Generator().manual_seed(0)
+
+    def prompt(n: int) -> list[int]:
+        return torch.randint(10, 30000, (n,), generator=gen).tolist()
+
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    for _ in range(3):
+        engine.generate([prompt(512)], one)
+    torch.cuda.synchronize()
+    res = {}
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            engine.generate([prompt(512)], one)
+        torch.cuda.synchronize()
+    res["prefill512"] = by_kernel(prof, 3)
+    for batch in (1, 64):
+        params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+        for i in range(batch):
+            engine.add_request(f"b{batch}-{i}", prompt(512), params)
+        for _ in range(4 if batch == 1 else 24):  # past the prompts' prefill steps
+            engine.step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(10):
+                engine.step()
+            torch.cuda.synchronize()
+        res[f"decode_b{batch}"] = by_kernel(prof, 10)
+        while engine.has_unfinished():
+            engine.step()
+    for label, r in res.items():
+        print(f"== {label}: {r['kernel_us_per_step']:.0f} us of kernels per step, "
+              f"{r['kernels_per_step']:.0f} kernels")
+        for k in r["kernels"][:12]:
+            print(f"  {k['us']:8.1f} us {k['count']:5.0f}x  {k['name'][:90]}")
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "gemm": blas_libraries(), **engine_steps()}
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
