@@ -166,6 +166,82 @@ if triton is not None:
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @triton.jit
+    def _subnormal(w, MASK: tl.constexpr):
+        """The bits of int32 words w under MASK as fp32: a field n at bits P..P+k (P + k <=
+        23) reads as exactly n * 2^(P - 149) (subnormal or lowest binade): one AND decodes it."""
+        return (w & MASK).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
+                         BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr):
+        # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
+        # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
+        # A nibble decodes with one AND (``_subnormal``: n * 2^(P - 149) for its bit
+        # position P; the top byte's after one shift by 8), its x is pre-scaled by
+        # 2^(100 - P) so every product is n * x * 2^-49. Per word and row: T = sum n x over
+        # its four columns of each half, then acc += T * s * 2^49 + (sum x) * min.
+        # Tile [BLOCK_N rows, GROUPS groups, G / 4 words]: x and its sums are shared by
+        # the rows a thread holds.
+        half = K // 2
+        hw = half // 4
+        ng = K // G
+        hg = half // G
+        GW: tl.constexpr = G // 4
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+        for j0 in range(0, hw, GROUPS * GW):
+            g = j0 // GW + tl.arange(0, GROUPS)  # [GROUPS]
+            wi = g[:, None] * GW + tl.arange(0, GW)[None, :]  # [GROUPS, GW] word index
+            sidx = rn[:, None] * ng + g[None, :]  # [BN, GROUPS]
+            gm = g < hg
+            sm = (rn[:, None] < N) & gm[None, :]
+            if EVEN:
+                w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :])
+                s_lo = tl.load(s_ptr + sidx).to(tl.float32)
+                z_lo = tl.load(z_ptr + sidx).to(tl.float32)
+                s_hi = tl.load(s_ptr + sidx + hg).to(tl.float32)
+                z_hi = tl.load(z_ptr + sidx + hg).to(tl.float32)
+            else:
+                w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :],
+                            mask=sm[:, :, None], other=0)
+                s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
+                z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
+                s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
+                z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
+            w8 = w >> 8  # byte 3's nibbles at bits 16..23
+            xp = x_ptr + 4 * wi  # [GROUPS, GW]
+            t_lo = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+            t_hi = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+            xs_lo = tl.zeros((GROUPS, GW), dtype=tl.float32)
+            xs_hi = tl.zeros((GROUPS, GW), dtype=tl.float32)
+            for b in tl.static_range(4):
+                if EVEN:
+                    xl = tl.load(xp + b).to(tl.float32)
+                    xh = tl.load(xp + half + b).to(tl.float32)
+                else:
+                    xl = tl.load(xp + b, mask=gm[:, None], other=0.0).to(tl.float32)
+                    xh = tl.load(xp + half + b, mask=gm[:, None], other=0.0).to(tl.float32)
+                xs_lo += xl
+                xs_hi += xh
+                if b < 3:  # low nibble at P = 8b, high at 8b + 4
+                    f_lo = _subnormal(w, 0xF << (8 * b))
+                    f_hi = _subnormal(w, 0xF0 << (8 * b))
+                    xl = xl * (2.0 ** (100 - 8 * b))
+                    xh = xh * (2.0 ** (96 - 8 * b))
+                else:  # from w >> 8: P = 16 and 20
+                    f_lo = _subnormal(w8, 0xF0000)
+                    f_hi = _subnormal(w8, 0xF00000)
+                    xl = xl * (2.0 ** 84)
+                    xh = xh * (2.0 ** 80)
+                t_lo += f_lo * xl[None, :, :]
+                t_hi += f_hi * xh[None, :, :]
+            s_lo, s_hi = s_lo * (2.0 ** 49), s_hi * (2.0 ** 49)
+            acc += t_lo * s_lo[:, :, None] + xs_lo[None, :, :] * z_lo[:, :, None]
+            acc += t_hi * s_hi[:, :, None] + xs_hi[None, :, :] * z_hi[:, :, None]
+        y = tl.sum(tl.sum(acc, axis=2), axis=1)
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+    @triton.jit
     def _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP: tl.constexpr,
                     PARTIAL: tl.constexpr):
         """acc [BM, BN] (or [BN, BM] when SWAP) into y [M, N], or fp32 into the partial
@@ -396,9 +472,15 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn = cfg["BLOCK_N"]
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
+        even = N % bn == 0 and half % (groups * G) == 0
+        if cfg.get("WORDS"):
+            _int4_gemv_words[(triton.cdiv(N, bn),)](
+                x, packed.view(torch.int32), scale, lo, y, N, K, G=G, BLOCK_N=bn,
+                GROUPS=groups, EVEN=even, **_launch_opts(cfg))
+            return y
         _int4_gemv[(triton.cdiv(N, bn),)](
             x, packed, scale, lo, y, N, K, G=G, BLOCK_N=bn, GROUPS=groups, MAGIC=cfg["MAGIC"],
-            EVEN=N % bn == 0 and half % (groups * G) == 0, **_launch_opts(cfg))
+            EVEN=even, **_launch_opts(cfg))
         return y
     bn, groups = cfg["BLOCK_N"], cfg["GROUPS"]
     split, j_split = _split_range(cfg, M, N, half, groups * G, block_m, x.device)

@@ -35,6 +35,9 @@ _CHECK = textwrap.dedent("""
     # int4: the GEMV (both decodings), the GEMM with every MAGIC, both orientations, splits.
     gemv4 = [dict(BLOCK_N=bn, BYTES=by, MAGIC=m, num_warps=4, num_stages=3)
              for bn, by, m in ((4, 64, 1), (8, 32, 0), (16, 128, 1), (2, 256, 1))]
+    # the word-wise GEMV (subnormal decoding): tiles that do and do not divide the shape
+    gemv4 += [dict(BLOCK_N=bn, BYTES=by, MAGIC=1, WORDS=1, num_warps=4, num_stages=3)
+              for bn, by in ((4, 64), (8, 128), (16, 32))]
     gemm4 = [dict(BLOCK_N=16, GROUPS=gr, SPLIT_K=sk, MAGIC=m, SWAP=sw, num_warps=4,
                   num_stages=3)
              for gr, sk, m, sw in ((1, 1, 0, 0), (2, 2, 3, 1), (1, 0, 2, 1), (2, 3, 0, 1))]
@@ -51,6 +54,17 @@ _CHECK = textwrap.dedent("""
                 close(qk.int8_matmul(x, q, s, cfg), x @ ref8.t())
             for cfg in [None] + gemm4 + (gemv4 if M == 1 else []):
                 close(qk.int4_matmul(x, packed, g.scale, g.min, G, cfg), x @ ref4.t())
+    # bf16 activations and scales (the decoding's bit tricks in the model dtype): within
+    # bf16 rounding of the output
+    w = torch.randn(64, 512, generator=gen) * 0.05
+    g = quantize_int4(w, 32)
+    packed = qk.pack_int4(g.codes)
+    sb, mb = g.scale.bfloat16(), g.min.bfloat16()
+    x = torch.randn(1, 512, generator=gen).bfloat16()
+    ref = x.float() @ qk.dequantize_int4(packed, sb, mb, 32).float().t()
+    for cfg in gemv4:
+        y = qk.int4_matmul(x, packed, sb, mb, 32, cfg).float()
+        assert ((y - ref).abs().max() / ref.abs().max()).item() < 2e-2, cfg
     print("ok")
 """)
 
