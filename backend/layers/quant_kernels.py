@@ -172,6 +172,44 @@ if triton is not None:
         return (w & MASK).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr,
+                         BLOCK_W: tl.constexpr, EVEN: tl.constexpr):
+        # q read as int32 words [N, K / 4] (word i: columns 4i..4i+3). XOR 0x80 per byte
+        # gives u = q + 128 in 0..255; byte b decodes with one AND (``_subnormal``, the top
+        # byte after a shift by 8) and its x is pre-scaled by 2^(100 - P), so each product
+        # is u * x * 2^-49; y = scale * (2^49 * sum u x - 128 * sum x).
+        kw = K // 4
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ri = tl.arange(0, BLOCK_W)
+        acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+        xs = tl.zeros((BLOCK_W,), dtype=tl.float32)
+        for i0 in range(0, kw, BLOCK_W):
+            wi = i0 + ri  # [BW] word index
+            if EVEN:
+                w = tl.load(w_ptr + rn[:, None] * kw + wi[None, :])
+            else:
+                w = tl.load(w_ptr + rn[:, None] * kw + wi[None, :],
+                            mask=(rn[:, None] < N) & (wi[None, :] < kw), other=0)
+            u = w ^ -0x7F7F7F80  # 0x80808080 as int32
+            u8 = u >> 8
+            for b in tl.static_range(4):
+                if EVEN:
+                    x = tl.load(x_ptr + 4 * wi + b).to(tl.float32)
+                else:
+                    x = tl.load(x_ptr + 4 * wi + b, mask=wi < kw, other=0.0).to(tl.float32)
+                xs += x
+                if b < 3:
+                    f = _subnormal(u, 0xFF << (8 * b))
+                    x = x * (2.0 ** (100 - 8 * b))
+                else:
+                    f = _subnormal(u8, 0xFF0000)
+                    x = x * (2.0 ** 84)
+                acc += f * x[None, :]
+        t = tl.sum(acc, axis=1) * (2.0 ** 49) - 128.0 * tl.sum(xs, axis=0)  # [BN]
+        s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rn, (t * s).to(y_ptr.dtype.element_ty), mask=rn < N)
+
+    @triton.jit
     def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
                          BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr):
         # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
@@ -445,6 +483,12 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     if M == 1 and "MAGIC" in cfg:  # GEMV configs carry MAGIC, GEMM configs SPLIT_K
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
+        if cfg.get("WORDS") and K % 4 == 0:
+            bw = bk // 4
+            _int8_gemv_words[(triton.cdiv(N, bn),)](
+                x, q.view(torch.int32), scale, y, N, K, BLOCK_N=bn, BLOCK_W=bw,
+                EVEN=N % bn == 0 and (K // 4) % bw == 0, **_launch_opts(cfg))
+            return y
         _int8_gemv[(triton.cdiv(N, bn),)](
             x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"],
             EVEN=N % bn == 0 and K % bk == 0, **_launch_opts(cfg))

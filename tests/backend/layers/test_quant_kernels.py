@@ -30,6 +30,8 @@ _CHECK = textwrap.dedent("""
     # shape; GEMM as x W.T and W x.T, unsplit, split in two / three (uneven) and auto.
     gemv8 = [dict(BLOCK_N=bn, BLOCK_K=bk, MAGIC=m, num_warps=4, num_stages=3)
              for bn, bk, m in ((4, 64, 1), (16, 128, 0), (8, 256, 1))]
+    gemv8 += [dict(BLOCK_N=bn, BLOCK_K=bk, MAGIC=1, WORDS=1, num_warps=4, num_stages=3)
+              for bn, bk in ((4, 64), (16, 128), (8, 256))]
     gemm8 = [dict(BLOCK_N=16, BLOCK_K=bk, SPLIT_K=sk, SWAP=sw, num_warps=4, num_stages=3)
              for bk, sk, sw in ((32, 1, 0), (64, 2, 1), (32, 0, 0), (64, 3, 1))]
     # int4: the GEMV (both decodings), the GEMM with every MAGIC, both orientations, splits.
