@@ -51,9 +51,12 @@ def variants(fmt: str, M: int) -> list[dict]:
                for bn, bk, w, m in ((8, 1024, 4, 1), (32, 256, 4, 1), (4, 1024, 4, 0),
                                     (4, 1024, 4, 1), (16, 512, 4, 1), (8, 512, 4, 1),
                                     (2, 2048, 4, 1), (8, 2048, 8, 1))]
-        out += [_v("triton", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, MAGIC=1, WORDS=1)
-                for bn, bk, w in ((8, 1024, 4), (4, 2048, 4), (16, 512, 4), (8, 2048, 8),
-                                  (16, 1024, 8), (4, 1024, 4), (32, 256, 4), (2, 4096, 4))]
+        out += [_v("triton", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, MAGIC=1, WORDS=1,
+                   PROGRAMS_PER_SM=p)
+                for bn, bk, w, p in ((8, 1024, 4, 0), (4, 2048, 4, 0), (16, 512, 4, 0),
+                                     (8, 2048, 8, 0), (16, 1024, 8, 0), (4, 1024, 4, 0),
+                                     (32, 256, 4, 0), (2, 4096, 4, 0), (16, 512, 4, 4),
+                                     (16, 1024, 8, 2), (32, 512, 8, 2), (8, 1024, 4, 4))]
         out += [_v("triton", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st,
                    **extra)
                 for bn, bk, sk, w, st, extra in (
@@ -74,10 +77,14 @@ def variants(fmt: str, M: int) -> list[dict]:
                for bn, by, w, m in ((2, 1024, 4, 1), (8, 512, 4, 1), (4, 512, 4, 1),
                                     (16, 256, 4, 1), (8, 256, 4, 0), (4, 1024, 4, 1),
                                     (2, 2048, 4, 1))]
-        out += [_v("triton", BLOCK_N=bn, BYTES=by, num_warps=w, MAGIC=1, WORDS=1)
-                for bn, by, w in ((4, 2048, 4), (8, 1024, 4), (16, 512, 4), (4, 1024, 4),
-                                  (8, 512, 4), (8, 2048, 8), (2, 2048, 4), (16, 256, 4),
-                                  (16, 1024, 8), (32, 256, 4))]
+        out += [_v("triton", BLOCK_N=bn, BYTES=by, num_warps=w, MAGIC=1, WORDS=1,
+                   PROGRAMS_PER_SM=p)
+                for bn, by, w, p in ((4, 2048, 4, 0), (8, 1024, 4, 0), (16, 512, 4, 0),
+                                     (4, 1024, 4, 0), (8, 512, 4, 0), (8, 2048, 8, 0),
+                                     (2, 2048, 4, 0), (16, 256, 4, 0), (16, 1024, 8, 0),
+                                     (32, 256, 4, 0), (16, 512, 4, 4), (16, 256, 4, 4),
+                                     (32, 256, 4, 4), (32, 512, 8, 2), (16, 1024, 8, 2),
+                                     (64, 128, 4, 4), (8, 1024, 4, 4))]
         out += [_v("triton", BLOCK_N=64, GROUPS=1, SPLIT_K=sk, MAGIC=m, num_warps=4, SWAP=1)
                 for sk, m in ((0, 3), (4, 3), (2, 3), (0, 2))]  # the GEMM, 16 rows padded
     else:

@@ -172,13 +172,12 @@ if triton is not None:
         return (w & MASK).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr,
+    def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, N, kw, BLOCK_N: tl.constexpr,
                          BLOCK_W: tl.constexpr, EVEN: tl.constexpr):
         # q read as int32 words [N, K / 4] (word i: columns 4i..4i+3). XOR 0x80 per byte
         # gives u = q + 128 in 0..255; byte b decodes with one AND (``_subnormal``, the top
         # byte after a shift by 8) and its x is pre-scaled by 2^(100 - P), so each product
-        # is u * x * 2^-49; y = scale * (2^49 * sum u x - 128 * sum x).
-        kw = K // 4
+        # is u * x * 2^-49; y = scale * (2^49 * sum u x - 128 * sum x). kw = K / 4.
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         ri = tl.arange(0, BLOCK_W)
         acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
@@ -210,7 +209,7 @@ if triton is not None:
         tl.store(y_ptr + rn, (t * s).to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @triton.jit
-    def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
+    def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, hw, G: tl.constexpr,
                          BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr):
         # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
         # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
@@ -219,14 +218,15 @@ if triton is not None:
         # 2^(100 - P) so every product is n * x * 2^-49. Per word and row: T = sum n x over
         # its four columns of each half, then acc += T * s * 2^49 + (sum x) * min.
         # Tile [BLOCK_N rows, GROUPS groups, G / 4 words]: x and its sums are shared by
-        # the rows a thread holds.
+        # the rows a thread holds. hw = K / 8 words per row, an argument so that Triton sees
+        # its divisibility (16-byte loads).
         half = K // 2
-        hw = half // 4
         ng = K // G
         hg = half // G
         GW: tl.constexpr = G // 4
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+        acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
         for j0 in range(0, hw, GROUPS * GW):
             g = j0 // GW + tl.arange(0, GROUPS)  # [GROUPS]
             wi = g[:, None] * GW + tl.arange(0, GW)[None, :]  # [GROUPS, GW] word index
@@ -274,9 +274,10 @@ if triton is not None:
                 t_lo += f_lo * xl[None, :, :]
                 t_hi += f_hi * xh[None, :, :]
             s_lo, s_hi = s_lo * (2.0 ** 49), s_hi * (2.0 ** 49)
-            acc += t_lo * s_lo[:, :, None] + xs_lo[None, :, :] * z_lo[:, :, None]
-            acc += t_hi * s_hi[:, :, None] + xs_hi[None, :, :] * z_hi[:, :, None]
-        y = tl.sum(tl.sum(acc, axis=2), axis=1)
+            acc += t_lo * s_lo[:, :, None] + t_hi * s_hi[:, :, None]
+            # min * (sum of the group's x): once per row and group, the x sums shared
+            acc_z += z_lo * tl.sum(xs_lo, axis=1)[None, :] + z_hi * tl.sum(xs_hi, axis=1)[None, :]
+        y = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @triton.jit
@@ -453,6 +454,16 @@ def _split_range(cfg: dict, M: int, N: int, length: int, step: int, block_m: int
     return triton.cdiv(length, per), per
 
 
+def _gemv_rows(cfg: dict, N: int, device: torch.device) -> int:
+    """Rows per GEMV program: BLOCK_N, halved while the grid would give fewer than
+    ``PROGRAMS_PER_SM`` programs per multiprocessor (the 4096-row layers at 16 rows per
+    program would leave half the GPU idle)."""
+    bn, per_sm = cfg["BLOCK_N"], cfg.get("PROGRAMS_PER_SM", 0)
+    while bn > 1 and triton.cdiv(N, bn) < per_sm * _sm_count(device):
+        bn //= 2
+    return bn
+
+
 def _launch_opts(cfg: dict) -> dict:
     return {} if INTERPRET else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
@@ -484,9 +495,9 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
         if cfg.get("WORDS") and K % 4 == 0:
-            bw = bk // 4
+            bn, bw = _gemv_rows(cfg, N, x.device), bk // 4
             _int8_gemv_words[(triton.cdiv(N, bn),)](
-                x, q.view(torch.int32), scale, y, N, K, BLOCK_N=bn, BLOCK_W=bw,
+                x, q.view(torch.int32), scale, y, N, K // 4, BLOCK_N=bn, BLOCK_W=bw,
                 EVEN=N % bn == 0 and (K // 4) % bw == 0, **_launch_opts(cfg))
             return y
         _int8_gemv[(triton.cdiv(N, bn),)](
@@ -514,12 +525,12 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
     block_m = max(16, bucket)
     if M == 1 and "BYTES" in cfg:  # GEMV configs carry BYTES, GEMM configs GROUPS
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-        bn = cfg["BLOCK_N"]
+        bn = _gemv_rows(cfg, N, x.device) if cfg.get("WORDS") else cfg["BLOCK_N"]
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
         even = N % bn == 0 and half % (groups * G) == 0
         if cfg.get("WORDS"):
             _int4_gemv_words[(triton.cdiv(N, bn),)](
-                x, packed.view(torch.int32), scale, lo, y, N, K, G=G, BLOCK_N=bn,
+                x, packed.view(torch.int32), scale, lo, y, N, K, K // 8, G=G, BLOCK_N=bn,
                 GROUPS=groups, EVEN=even, **_launch_opts(cfg))
             return y
         _int4_gemv[(triton.cdiv(N, bn),)](

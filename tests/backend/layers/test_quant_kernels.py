@@ -32,6 +32,8 @@ _CHECK = textwrap.dedent("""
              for bn, bk, m in ((4, 64, 1), (16, 128, 0), (8, 256, 1))]
     gemv8 += [dict(BLOCK_N=bn, BLOCK_K=bk, MAGIC=1, WORDS=1, num_warps=4, num_stages=3)
               for bn, bk in ((4, 64), (16, 128), (8, 256))]
+    gemv8 += [dict(BLOCK_N=16, BLOCK_K=64, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=1,
+                   num_warps=4, num_stages=3)]
     gemm8 = [dict(BLOCK_N=16, BLOCK_K=bk, SPLIT_K=sk, SWAP=sw, num_warps=4, num_stages=3)
              for bk, sk, sw in ((32, 1, 0), (64, 2, 1), (32, 0, 0), (64, 3, 1))]
     # int4: the GEMV (both decodings), the GEMM with every MAGIC, both orientations, splits.
@@ -40,6 +42,9 @@ _CHECK = textwrap.dedent("""
     # the word-wise GEMV (subnormal decoding): tiles that do and do not divide the shape
     gemv4 += [dict(BLOCK_N=bn, BYTES=by, MAGIC=1, WORDS=1, num_warps=4, num_stages=3)
               for bn, by in ((4, 64), (8, 128), (16, 32))]
+    # rows per program halved until the grid fills 132 multiprocessors twice: 48 rows -> 1
+    gemv4 += [dict(BLOCK_N=16, BYTES=64, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=2, num_warps=4,
+                   num_stages=3)]
     gemm4 = [dict(BLOCK_N=16, GROUPS=gr, SPLIT_K=sk, MAGIC=m, SWAP=sw, num_warps=4,
                   num_stages=3)
              for gr, sk, m, sw in ((1, 1, 0, 0), (2, 2, 3, 1), (1, 0, 2, 1), (2, 3, 0, 1))]
@@ -84,6 +89,14 @@ def test_int4_packing_round_trips():
     assert packed.shape == (8, 32) and packed.dtype == torch.uint8
     back = quant_kernels.dequantize_int4(packed, g.scale, g.min, 32)
     torch.testing.assert_close(back, g.dequantize())
+
+
+def test_gemv_rows_fill_the_multiprocessors():
+    cfg = dict(BLOCK_N=16, PROGRAMS_PER_SM=2)
+    cpu = torch.device("cpu")  # counted as 132 multiprocessors
+    assert quant_kernels._gemv_rows(cfg, 12288, cpu) == 16  # 768 programs
+    assert quant_kernels._gemv_rows(cfg, 4096, cpu) == 8  # 16 rows: 256 < 264 programs
+    assert quant_kernels._gemv_rows(dict(BLOCK_N=16), 64, cpu) == 16  # no minimum
 
 
 def test_int4_kernel_support_and_group_override():
