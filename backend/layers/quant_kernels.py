@@ -172,17 +172,21 @@ if triton is not None:
         return (w & MASK).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, N, kw, BLOCK_N: tl.constexpr,
-                         BLOCK_W: tl.constexpr, EVEN: tl.constexpr):
+    def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, N, kw, W_SPLIT, BLOCK_N: tl.constexpr,
+                         BLOCK_W: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
+                         PARTIAL: tl.constexpr):
         # q read as int32 words [N, K / 4] (word i: columns 4i..4i+3). XOR 0x80 per byte
         # gives u = q + 128 in 0..255; byte b decodes with one AND (``_subnormal``, the top
         # byte after a shift by 8) and its x is pre-scaled by 2^(100 - P), so each product
-        # is u * x * 2^-49; y = scale * (2^49 * sum u x - 128 * sum x). kw = K / 4.
+        # is u * x * 2^-49; y = scale * (2^49 * sum u x - 128 * sum x). kw = K / 4; program
+        # (i, k) covers words [k W_SPLIT, (k + 1) W_SPLIT) (PARTIAL: fp32 sums [splits, N]).
+        pid_k = tl.program_id(1)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         ri = tl.arange(0, BLOCK_W)
         acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
         xs = tl.zeros((BLOCK_W,), dtype=tl.float32)
-        for i0 in range(0, kw, BLOCK_W):
+        for i0 in tl.range(pid_k * W_SPLIT, tl.minimum(kw, (pid_k + 1) * W_SPLIT), BLOCK_W,
+                           num_stages=STAGES):
             wi = i0 + ri  # [BW] word index
             if EVEN:
                 w = tl.load(w_ptr + rn[:, None] * kw + wi[None, :])
@@ -206,11 +210,12 @@ if triton is not None:
                 acc += f * x[None, :]
         t = tl.sum(acc, axis=1) * (2.0 ** 49) - 128.0 * tl.sum(xs, axis=0)  # [BN]
         s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rn, (t * s).to(y_ptr.dtype.element_ty), mask=rn < N)
+        _store_row(y_ptr, t * s, rn, pid_k, N, PARTIAL)
 
     @triton.jit
-    def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, hw, G: tl.constexpr,
-                         BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr):
+    def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, hw, W_SPLIT, G: tl.constexpr,
+                         BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr,
+                         STAGES: tl.constexpr, PARTIAL: tl.constexpr):
         # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
         # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
         # A nibble decodes with one AND (``_subnormal``: n * 2^(P - 149) for its bit
@@ -219,7 +224,9 @@ if triton is not None:
         # its four columns of each half, then acc += T * s * 2^49 + (sum x) * min.
         # Tile [BLOCK_N rows, GROUPS groups, G / 4 words]: x and its sums are shared by
         # the rows a thread holds. hw = K / 8 words per row, an argument so that Triton sees
-        # its divisibility (16-byte loads).
+        # its divisibility (16-byte loads). Program (i, k) covers words [k W_SPLIT,
+        # (k + 1) W_SPLIT) of each row half (PARTIAL: fp32 sums [splits, N]).
+        pid_k = tl.program_id(1)
         half = K // 2
         ng = K // G
         hg = half // G
@@ -227,7 +234,8 @@ if triton is not None:
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
         acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
-        for j0 in range(0, hw, GROUPS * GW):
+        for j0 in tl.range(pid_k * W_SPLIT, tl.minimum(hw, (pid_k + 1) * W_SPLIT), GROUPS * GW,
+                           num_stages=STAGES):
             g = j0 // GW + tl.arange(0, GROUPS)  # [GROUPS]
             wi = g[:, None] * GW + tl.arange(0, GW)[None, :]  # [GROUPS, GW] word index
             sidx = rn[:, None] * ng + g[None, :]  # [BN, GROUPS]
@@ -278,7 +286,15 @@ if triton is not None:
             # min * (sum of the group's x): once per row and group, the x sums shared
             acc_z += z_lo * tl.sum(xs_lo, axis=1)[None, :] + z_hi * tl.sum(xs_hi, axis=1)[None, :]
         y = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
-        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+        _store_row(y_ptr, y, rn, pid_k, N, PARTIAL)
+
+    @triton.jit
+    def _store_row(y_ptr, y, rn, pid_k, N, PARTIAL: tl.constexpr):
+        """y [BN] (fp32) into y_ptr[rn], or into the partial buffer [splits, N] at pid_k."""
+        if PARTIAL:
+            tl.store(y_ptr + pid_k * N + rn, y, mask=rn < N)
+        else:
+            tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @triton.jit
     def _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP: tl.constexpr,
@@ -433,13 +449,15 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
-def _split_k(split: int, tiles: int, steps: int, device: torch.device) -> int:
+def _split_k(split: int, tiles: int, steps: int, device: torch.device, per_sm: int = 1) -> int:
     """Programs along K: the configured number, or (0) the fewest (a power of two, at most
-    4) that give every multiprocessor a program, keeping >= 4 loop steps per program (each
-    split adds an fp32 [M, N] partial to write and read back)."""
+    4) that give every multiprocessor ``per_sm`` programs, keeping >= 4 loop steps per
+    program (each split adds an fp32 [M, N] partial to write and read back). per_sm > 1
+    evens out the waves: 192 tiles on 132 multiprocessors leave 60 of them a second one."""
     if split <= 0:
         split = 1
-        while tiles * split < _sm_count(device) and split < 4 and steps // (split * 2) >= 4:
+        while (tiles * split < per_sm * _sm_count(device) and split < 4
+               and steps // (split * 2) >= 4):
             split *= 2
     return max(1, min(split, steps))
 
@@ -449,19 +467,30 @@ def _split_range(cfg: dict, M: int, N: int, length: int, step: int, block_m: int
     """(programs along K, K range per program: a multiple of ``step``) for a GEMM over
     ``length`` of K in steps of ``step``."""
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, cfg["BLOCK_N"])
-    split = _split_k(cfg["SPLIT_K"], tiles, triton.cdiv(length, step), device)
+    split = _split_k(cfg["SPLIT_K"], tiles, triton.cdiv(length, step), device,
+                     cfg.get("SPLIT_TARGET", 1))
     per = triton.cdiv(triton.cdiv(length, step), split) * step
     return triton.cdiv(length, per), per
 
 
-def _gemv_rows(cfg: dict, N: int, device: torch.device) -> int:
-    """Rows per GEMV program: BLOCK_N, halved while the grid would give fewer than
-    ``PROGRAMS_PER_SM`` programs per multiprocessor (the 4096-row layers at 16 rows per
-    program would leave half the GPU idle)."""
-    bn, per_sm = cfg["BLOCK_N"], cfg.get("PROGRAMS_PER_SM", 0)
-    while bn > 1 and triton.cdiv(N, bn) < per_sm * _sm_count(device):
-        bn //= 2
-    return bn
+def _gemv_grid(cfg: dict, N: int, words: int, step: int,
+               device: torch.device) -> tuple[int, int, int]:
+    """(rows per program, programs along K, words per program) for a word-wise GEMV over
+    ``words`` words per row in steps of ``step``. Fewer than ``PROGRAMS_PER_SM`` programs per
+    multiprocessor (the 4096-row layers at 16 rows a program leave half the GPU idle) are
+    made up by splitting K (``SPLIT_GEMV``, up to 8 ways, >= 2 steps each; the fp32 partial
+    sums cost one more small kernel) or else by halving the rows per program."""
+    bn, target = cfg["BLOCK_N"], cfg.get("PROGRAMS_PER_SM", 0) * _sm_count(device)
+    steps = triton.cdiv(words, step)
+    split = 1
+    if cfg.get("SPLIT_GEMV"):
+        while triton.cdiv(N, bn) * split < target and split < 8 and steps // (split * 2) >= 2:
+            split *= 2
+    else:
+        while bn > 1 and triton.cdiv(N, bn) < target:
+            bn //= 2
+    per = triton.cdiv(steps, split) * step
+    return bn, triton.cdiv(words, per), per
 
 
 def _launch_opts(cfg: dict) -> dict:
@@ -492,14 +521,17 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     cfg = config or CONFIGS["int8"][_bucket(M)]
     block_m = max(16, _bucket(M))  # a GEMM config at M = 1 pads to 16 rows
     if M == 1 and "MAGIC" in cfg:  # GEMV configs carry MAGIC, GEMM configs SPLIT_K
-        y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
         if cfg.get("WORDS") and K % 4 == 0:
-            bn, bw = _gemv_rows(cfg, N, x.device), bk // 4
-            _int8_gemv_words[(triton.cdiv(N, bn),)](
-                x, q.view(torch.int32), scale, y, N, K // 4, BLOCK_N=bn, BLOCK_W=bw,
-                EVEN=N % bn == 0 and (K // 4) % bw == 0, **_launch_opts(cfg))
-            return y
+            bw = bk // 4
+            bn, split, per = _gemv_grid(cfg, N, K // 4, bw, x.device)
+            y, out = _gemm_out(x, M, N, split)
+            _int8_gemv_words[(triton.cdiv(N, bn), split)](
+                x, q.view(torch.int32), scale, out, N, K // 4, per, BLOCK_N=bn, BLOCK_W=bw,
+                EVEN=N % bn == 0 and (K // 4) % bw == 0, STAGES=cfg.get("STAGES", 1),
+                PARTIAL=split > 1, **_launch_opts(cfg))
+            return _finish(y, out, split)
+        y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         _int8_gemv[(triton.cdiv(N, bn),)](
             x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"],
             EVEN=N % bn == 0 and K % bk == 0, **_launch_opts(cfg))
@@ -524,15 +556,18 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
     cfg = config or CONFIGS.get(f"int4-g{G}", {}).get(bucket) or CONFIGS["int4"][bucket]
     block_m = max(16, bucket)
     if M == 1 and "BYTES" in cfg:  # GEMV configs carry BYTES, GEMM configs GROUPS
-        y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-        bn = _gemv_rows(cfg, N, x.device) if cfg.get("WORDS") else cfg["BLOCK_N"]
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
-        even = N % bn == 0 and half % (groups * G) == 0
         if cfg.get("WORDS"):
-            _int4_gemv_words[(triton.cdiv(N, bn),)](
-                x, packed.view(torch.int32), scale, lo, y, N, K, K // 8, G=G, BLOCK_N=bn,
-                GROUPS=groups, EVEN=even, **_launch_opts(cfg))
-            return y
+            bn, split, per = _gemv_grid(cfg, N, K // 8, groups * G // 4, x.device)
+            y, out = _gemm_out(x, M, N, split)
+            _int4_gemv_words[(triton.cdiv(N, bn), split)](
+                x, packed.view(torch.int32), scale, lo, out, N, K, K // 8, per, G=G,
+                BLOCK_N=bn, GROUPS=groups, EVEN=N % bn == 0 and half % (groups * G) == 0,
+                STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, **_launch_opts(cfg))
+            return _finish(y, out, split)
+        y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+        bn = cfg["BLOCK_N"]
+        even = N % bn == 0 and half % (groups * G) == 0
         _int4_gemv[(triton.cdiv(N, bn),)](
             x, packed, scale, lo, y, N, K, G=G, BLOCK_N=bn, GROUPS=groups, MAGIC=cfg["MAGIC"],
             EVEN=even, **_launch_opts(cfg))

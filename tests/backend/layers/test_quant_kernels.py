@@ -33,7 +33,9 @@ _CHECK = textwrap.dedent("""
     gemv8 += [dict(BLOCK_N=bn, BLOCK_K=bk, MAGIC=1, WORDS=1, num_warps=4, num_stages=3)
               for bn, bk in ((4, 64), (16, 128), (8, 256))]
     gemv8 += [dict(BLOCK_N=16, BLOCK_K=64, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=1,
-                   num_warps=4, num_stages=3)]
+                   num_warps=4, num_stages=3),
+              dict(BLOCK_N=16, BLOCK_K=32, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=1, SPLIT_GEMV=1,
+                   STAGES=2, num_warps=4, num_stages=3)]
     gemm8 = [dict(BLOCK_N=16, BLOCK_K=bk, SPLIT_K=sk, SWAP=sw, num_warps=4, num_stages=3)
              for bk, sk, sw in ((32, 1, 0), (64, 2, 1), (32, 0, 0), (64, 3, 1))]
     # int4: the GEMV (both decodings), the GEMM with every MAGIC, both orientations, splits.
@@ -44,7 +46,10 @@ _CHECK = textwrap.dedent("""
               for bn, by in ((4, 64), (8, 128), (16, 32))]
     # rows per program halved until the grid fills 132 multiprocessors twice: 48 rows -> 1
     gemv4 += [dict(BLOCK_N=16, BYTES=64, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=2, num_warps=4,
-                   num_stages=3)]
+                   num_stages=3),
+              # or K split (up to 8 ways) with fp32 partial sums; pipelined loads
+              dict(BLOCK_N=16, BYTES=32, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=2, SPLIT_GEMV=1,
+                   STAGES=3, num_warps=4, num_stages=3)]
     gemm4 = [dict(BLOCK_N=16, GROUPS=gr, SPLIT_K=sk, MAGIC=m, SWAP=sw, num_warps=4,
                   num_stages=3)
              for gr, sk, m, sw in ((1, 1, 0, 0), (2, 2, 3, 1), (1, 0, 2, 1), (2, 3, 0, 1))]
@@ -91,12 +96,17 @@ def test_int4_packing_round_trips():
     torch.testing.assert_close(back, g.dequantize())
 
 
-def test_gemv_rows_fill_the_multiprocessors():
+def test_gemv_grid_fills_the_multiprocessors():
+    grid = quant_kernels._gemv_grid
     cfg = dict(BLOCK_N=16, PROGRAMS_PER_SM=2)
     cpu = torch.device("cpu")  # counted as 132 multiprocessors
-    assert quant_kernels._gemv_rows(cfg, 12288, cpu) == 16  # 768 programs
-    assert quant_kernels._gemv_rows(cfg, 4096, cpu) == 8  # 16 rows: 256 < 264 programs
-    assert quant_kernels._gemv_rows(dict(BLOCK_N=16), 64, cpu) == 16  # no minimum
+    assert grid(cfg, 12288, 1024, 128, cpu) == (16, 1, 1024)  # 768 programs
+    assert grid(cfg, 4096, 1024, 128, cpu) == (8, 1, 1024)  # 16 rows: 256 < 264 programs
+    assert grid(dict(BLOCK_N=16), 64, 1024, 128, cpu) == (16, 1, 1024)  # no minimum
+    split = dict(cfg, SPLIT_GEMV=1)
+    assert grid(split, 4096, 1024, 128, cpu) == (16, 2, 512)  # 256 rows x 2 splits
+    assert grid(split, 64, 1024, 128, cpu) == (16, 4, 256)  # >= 2 steps per split
+    assert grid(split, 64, 1000, 128, cpu) == (16, 4, 256)  # the last split shorter
 
 
 def test_int4_kernel_support_and_group_override():
