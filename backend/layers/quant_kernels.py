@@ -21,9 +21,15 @@ integer op. GEMVs, fp32: int8 q -> bits 0x3FC00000 + q * 2^15 = 1.5 + q / 256, s
 x * f and recovered as 256 * (sum x f - 1.5 sum x); a nibble n -> 0x3F800000 | n << 19 =
 1 + n / 16, so n s + m = f * 16 s + (m - 16 s). f stays within [1, 2), so the fp32 sums
 lose nothing that matters against bf16 outputs. The int4 GEMM in bf16: 0x4300 | n = 128 + n.
-The int4 GEMM multiplies W x.T (``SWAP``): the dequantised tile is tl.dot's left operand
-(on Hopper the left operand of a warpgroup MMA may sit in registers, the right one must be
-in shared memory); measured 1.4-1.8x faster than x W.T on Llama-2-7B's shapes at 64 tokens.
+The word-wise GEMVs (``WORDS``) read the codes as int32 words and decode a code with a
+single AND: a field n at bits P..P+w-1 (P + w <= 24) is, read as fp32, exactly
+n * 2^(P - 149), a subnormal or lowest-binade number; x is pre-scaled by 2^(100 - P) so
+every product is n * x * 2^-49, all in the normal range (FFMA keeps subnormal inputs: Triton
+compiles fp32 arithmetic without flush-to-zero). int8 codes become unsigned by an XOR of
+0x80 per byte first. The int4 GEMM multiplies W x.T (``SWAP``): the dequantised tile is
+tl.dot's left operand (on Hopper the left operand of a warpgroup MMA may sit in registers,
+the right one must be in shared memory); measured 1.4-1.8x faster than x W.T on
+Llama-2-7B's shapes at 64 tokens.
 """
 from __future__ import annotations
 
@@ -65,19 +71,26 @@ def int4_supported(in_features: int, group_size: int) -> bool:
 
 # Kernel parameters per format and token-count bucket (1 = one token; 16/32/64/128 = the
 # GEMM's BLOCK_M), the fastest in ``benchmarks.quant_sweep`` on an H200 summed over
-# Llama-2-7B's four linear shapes (docs/benchmarks/quant.md). A config with MAGIC (int8) or
-# BYTES (int4) runs the GEMV, one with SPLIT_K the GEMM (16 rows, one used, at one token).
-# SPLIT_K 0 = choose from the grid size (``_split_k``). "int4-g<G>" entries override "int4"
-# for that group size.
-_INT8_GEMM = dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=0, num_warps=4, num_stages=5)
-_INT4_GEMM = dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=3, SWAP=1, num_warps=4, num_stages=3)
+# Llama-2-7B's four linear shapes (docs/benchmarks/quant.md, third sweep). A config with
+# MAGIC (int8) or BYTES (int4) runs a GEMV (WORDS: the word-wise one, see
+# ``_int8_gemv_words``), one with SPLIT_K the GEMM (16 rows, one used, at one token).
+# SPLIT_K 0 = choose from the grid size (``_split_k``, aiming at SPLIT_TARGET programs per
+# multiprocessor). "int4-g<G>" entries override "int4" for that group size.
+_INT8_GEMM = dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=0, SPLIT_TARGET=2, num_warps=4, num_stages=5)
+_INT4_GEMM = dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=3, SWAP=1, SPLIT_TARGET=2,
+                  num_warps=4, num_stages=3)
 CONFIGS: dict[str, dict[int, dict]] = {
-    "int8": {1: dict(BLOCK_N=8, BLOCK_K=1024, MAGIC=1, num_warps=4, num_stages=3),
+    "int8": {1: dict(BLOCK_N=8, BLOCK_K=1024, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),
              **{m: _INT8_GEMM for m in (16, 32, 64, 128)}},
-    "int4": {1: dict(BLOCK_N=2, BYTES=1024, MAGIC=1, num_warps=4, num_stages=3),
+    "int4": {1: dict(BLOCK_N=16, BYTES=512, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),
              **{m: _INT4_GEMM for m in (16, 32, 64, 128)}},
-    # g128 at one token: the split-K GEMM beat the GEMV (79 vs 88 us per Llama block)
-    "int4-g128": {1: dict(_INT4_GEMM, SPLIT_K=4)},
+    # g32 at one token: the per-weight GEMV (87.9 us per block; word-wise 94.8)
+    "int4-g32": {1: dict(BLOCK_N=2, BYTES=1024, MAGIC=1, num_warps=4, num_stages=3),
+                 **{m: dict(_INT4_GEMM, BLOCK_N=128, num_warps=8) for m in (16, 32, 64, 128)}},
+    # g128 at one token: word-wise, 64 rows a program, pipelined, K split for 4096-row layers
+    "int4-g128": {1: dict(BLOCK_N=64, BYTES=128, MAGIC=1, WORDS=1, STAGES=3, PROGRAMS_PER_SM=2,
+                          SPLIT_GEMV=1, num_warps=4, num_stages=3),
+                  **{m: dict(_INT4_GEMM, SPLIT_TARGET=1) for m in (16, 32, 64, 128)}},
 }
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -167,8 +180,8 @@ if triton is not None:
 
     @triton.jit
     def _subnormal(w, MASK: tl.constexpr):
-        """The bits of int32 words w under MASK as fp32: a field n at bits P..P+k (P + k <=
-        23) reads as exactly n * 2^(P - 149) (subnormal or lowest binade): one AND decodes it."""
+        """The bits of int32 words w under MASK as fp32: a field n at bits P..P+w-1 (P + w <=
+        24) reads as exactly n * 2^(P - 149) (subnormal or lowest binade): one AND decodes it."""
         return (w & MASK).to(tl.float32, bitcast=True)
 
     @triton.jit

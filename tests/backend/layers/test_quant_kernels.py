@@ -114,6 +114,8 @@ def test_int4_kernel_support_and_group_override():
     assert not quant_kernels.int4_supported(4096, 48)  # not a power of two
     assert not quant_kernels.int4_supported(64, 8)  # under 16 bytes per group
     assert not quant_kernels.int4_supported(192, 64)  # 64 does not divide the half width 96
-    # the g128 table overrides the shared one at one token only
-    assert "SPLIT_K" in quant_kernels.CONFIGS["int4-g128"][1]
-    assert set(quant_kernels.CONFIGS["int4-g128"]) == {1}
+    # per group size, a table for every bucket overrides the shared one
+    for G in (32, 128):
+        assert set(quant_kernels.CONFIGS[f"int4-g{G}"]) == {1, 16, 32, 64, 128}
+    assert quant_kernels.CONFIGS["int4-g128"][1]["SPLIT_GEMV"]
+    assert "WORDS" not in quant_kernels.CONFIGS["int4-g32"][1]
