@@ -43,12 +43,28 @@ def _v(kind: str, **kw) -> dict:
     return {"kind": kind, **kw}
 
 
-def _words(**kw) -> dict:
-    """A word-wise GEMV config: STAGES = pipelined weight loads, PROGRAMS_PER_SM = the
-    grid's minimum (made up by halving rows, or with SPLIT_GEMV by splitting K)."""
-    kw.setdefault("STAGES", 1)
-    kw.setdefault("PROGRAMS_PER_SM", 0)
-    return _v("triton", MAGIC=1, WORDS=1, **kw)
+# Word-wise GEMV variants: (BLOCK_N, BLOCK_K for int8 / BYTES for int4, num_warps, STAGES =
+# pipelined weight loads, PROGRAMS_PER_SM = the grid's minimum, SPLIT_GEMV = make it up by
+# splitting K rather than by halving the rows per program).
+WORDS_INT8 = ((8, 1024, 4, 1, 0, 0), (8, 1024, 4, 2, 0, 0), (8, 1024, 4, 3, 0, 0),
+              (16, 512, 4, 1, 0, 0), (16, 512, 4, 3, 0, 0), (16, 1024, 8, 1, 0, 0),
+              (16, 1024, 8, 3, 0, 0), (8, 2048, 8, 3, 0, 0), (32, 256, 4, 3, 0, 0),
+              (4, 2048, 4, 3, 0, 0), (16, 1024, 8, 3, 2, 1), (32, 512, 8, 3, 2, 1),
+              (16, 512, 4, 3, 4, 1), (8, 1024, 4, 3, 4, 1), (8, 1024, 4, 1, 4, 1),
+              (32, 256, 4, 3, 4, 1))
+WORDS_INT4 = ((16, 512, 4, 1, 0, 0), (16, 512, 4, 3, 0, 0), (32, 256, 4, 1, 0, 0),
+              (32, 256, 4, 2, 0, 0), (32, 256, 4, 3, 0, 0), (32, 512, 8, 3, 0, 0),
+              (16, 1024, 8, 3, 0, 0), (64, 128, 4, 3, 0, 0), (8, 1024, 4, 3, 0, 0),
+              (32, 256, 4, 3, 2, 1), (32, 256, 4, 3, 4, 1), (32, 256, 4, 1, 4, 1),
+              (16, 512, 4, 3, 4, 1), (32, 512, 8, 3, 2, 1), (64, 128, 4, 3, 2, 1),
+              (64, 256, 8, 3, 2, 1), (16, 512, 4, 1, 4, 1), (16, 256, 4, 3, 4, 1))
+
+
+def _words(size_key: str, rows) -> list[dict]:
+    """The word-wise GEMV configs of a table above; ``size_key`` names its second column."""
+    return [_v("triton", MAGIC=1, WORDS=1, BLOCK_N=bn, **{size_key: size}, num_warps=w,
+               STAGES=st, PROGRAMS_PER_SM=p, SPLIT_GEMV=sp)
+            for bn, size, w, st, p, sp in rows]
 
 
 def variants(fmt: str, M: int) -> list[dict]:
@@ -57,15 +73,7 @@ def variants(fmt: str, M: int) -> list[dict]:
     if fmt == "int8" and M == 1:
         out = [_v("triton", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, MAGIC=m)
                for bn, bk, w, m in ((8, 1024, 4, 1), (16, 512, 4, 1), (8, 512, 4, 1))]
-        out += [_words(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, STAGES=st, PROGRAMS_PER_SM=p,
-                       SPLIT_GEMV=sp)
-                for bn, bk, w, st, p, sp in (
-                    (8, 1024, 4, 1, 0, 0), (8, 1024, 4, 2, 0, 0), (8, 1024, 4, 3, 0, 0),
-                    (16, 512, 4, 1, 0, 0), (16, 512, 4, 3, 0, 0), (16, 1024, 8, 1, 0, 0),
-                    (16, 1024, 8, 3, 0, 0), (8, 2048, 8, 3, 0, 0), (32, 256, 4, 3, 0, 0),
-                    (4, 2048, 4, 3, 0, 0), (16, 1024, 8, 3, 2, 1), (32, 512, 8, 3, 2, 1),
-                    (16, 512, 4, 3, 4, 1), (8, 1024, 4, 3, 4, 1), (8, 1024, 4, 1, 4, 1),
-                    (32, 256, 4, 3, 4, 1))]
+        out += _words("BLOCK_K", WORDS_INT8)
         out += [_v("triton", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st,
                    **extra)
                 for bn, bk, sk, w, st, extra in ((64, 128, 0, 4, 4, {}),)]
@@ -84,15 +92,7 @@ def variants(fmt: str, M: int) -> list[dict]:
     if M == 1:
         out = [_v("triton", BLOCK_N=bn, BYTES=by, num_warps=w, MAGIC=m)
                for bn, by, w, m in ((2, 1024, 4, 1), (8, 512, 4, 1), (4, 1024, 4, 1))]
-        out += [_words(BLOCK_N=bn, BYTES=by, num_warps=w, STAGES=st, PROGRAMS_PER_SM=p,
-                       SPLIT_GEMV=sp)
-                for bn, by, w, st, p, sp in (
-                    (16, 512, 4, 1, 0, 0), (16, 512, 4, 3, 0, 0), (32, 256, 4, 1, 0, 0),
-                    (32, 256, 4, 2, 0, 0), (32, 256, 4, 3, 0, 0), (32, 512, 8, 3, 0, 0),
-                    (16, 1024, 8, 3, 0, 0), (64, 128, 4, 3, 0, 0), (8, 1024, 4, 3, 0, 0),
-                    (32, 256, 4, 3, 2, 1), (32, 256, 4, 3, 4, 1), (32, 256, 4, 1, 4, 1),
-                    (16, 512, 4, 3, 4, 1), (32, 512, 8, 3, 2, 1), (64, 128, 4, 3, 2, 1),
-                    (64, 256, 8, 3, 2, 1), (16, 512, 4, 1, 4, 1), (16, 256, 4, 3, 4, 1))]
+        out += _words("BYTES", WORDS_INT4)
         out += [_v("triton", BLOCK_N=64, GROUPS=1, SPLIT_K=sk, MAGIC=m, num_warps=4, SWAP=1)
                 for sk, m in ((0, 3), (4, 3))]  # the GEMM, 16 rows padded
     else:
