@@ -43,44 +43,69 @@ def _v(kind: str, **kw) -> dict:
     return {"kind": kind, **kw}
 
 
+# Word-wise GEMV variants: (BLOCK_N, BLOCK_K for int8 / BYTES for int4, num_warps, STAGES =
+# pipelined weight loads, PROGRAMS_PER_SM = the grid's minimum, SPLIT_GEMV = make it up by
+# splitting K rather than by halving the rows per program).
+WORDS_INT8 = ((8, 1024, 4, 1, 0, 0), (8, 1024, 4, 2, 0, 0), (8, 1024, 4, 3, 0, 0),
+              (16, 512, 4, 1, 0, 0), (16, 512, 4, 3, 0, 0), (16, 1024, 8, 1, 0, 0),
+              (16, 1024, 8, 3, 0, 0), (8, 2048, 8, 3, 0, 0), (32, 256, 4, 3, 0, 0),
+              (4, 2048, 4, 3, 0, 0), (16, 1024, 8, 3, 2, 1), (32, 512, 8, 3, 2, 1),
+              (16, 512, 4, 3, 4, 1), (8, 1024, 4, 3, 4, 1), (8, 1024, 4, 1, 4, 1),
+              (32, 256, 4, 3, 4, 1))
+WORDS_INT4 = ((16, 512, 4, 1, 0, 0), (16, 512, 4, 3, 0, 0), (32, 256, 4, 1, 0, 0),
+              (32, 256, 4, 2, 0, 0), (32, 256, 4, 3, 0, 0), (32, 512, 8, 3, 0, 0),
+              (16, 1024, 8, 3, 0, 0), (64, 128, 4, 3, 0, 0), (8, 1024, 4, 3, 0, 0),
+              (32, 256, 4, 3, 2, 1), (32, 256, 4, 3, 4, 1), (32, 256, 4, 1, 4, 1),
+              (16, 512, 4, 3, 4, 1), (32, 512, 8, 3, 2, 1), (64, 128, 4, 3, 2, 1),
+              (64, 256, 8, 3, 2, 1), (16, 512, 4, 1, 4, 1), (16, 256, 4, 3, 4, 1))
+
+
+def _words(size_key: str, rows) -> list[dict]:
+    """The word-wise GEMV configs of a table above; ``size_key`` names its second column."""
+    return [_v("triton", MAGIC=1, WORDS=1, BLOCK_N=bn, **{size_key: size}, num_warps=w,
+               STAGES=st, PROGRAMS_PER_SM=p, SPLIT_GEMV=sp)
+            for bn, size, w, st, p, sp in rows]
+
+
 def variants(fmt: str, M: int) -> list[dict]:
     """Every kernel configuration tried for ``fmt`` at ``M`` tokens. GEMV configs carry
     MAGIC (int8) or BYTES (int4); the others run the GEMM (at M = 1 padded to 16 rows)."""
     if fmt == "int8" and M == 1:
         out = [_v("triton", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, MAGIC=m)
-               for bn, bk, w, m in ((8, 1024, 4, 1), (32, 256, 4, 1), (4, 1024, 4, 0),
-                                    (4, 1024, 4, 1), (16, 512, 4, 1), (8, 512, 4, 1),
-                                    (2, 2048, 4, 1), (8, 2048, 8, 1))]
+               for bn, bk, w, m in ((8, 1024, 4, 1), (16, 512, 4, 1), (8, 512, 4, 1))]
+        out += _words("BLOCK_K", WORDS_INT8)
         out += [_v("triton", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st,
                    **extra)
-                for bn, bk, sk, w, st, extra in (
-                    (64, 128, 0, 4, 4, {}), (64, 128, 0, 4, 4, dict(SWAP=1)),
-                    (64, 128, 4, 4, 4, dict(SWAP=1)))]
+                for bn, bk, sk, w, st, extra in ((64, 128, 0, 4, 4, {}),)]
         return out
     if fmt == "int8":
         return [_v("triton", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st,
                    **extra)
                 for bn, bk, sk, w, st, extra in (
                     (64, 64, 0, 4, 5, {}), (128, 64, 0, 4, 4, {}), (64, 128, 0, 4, 4, {}),
-                    (64, 128, 2, 4, 4, {}), (64, 64, 2, 4, 5, {}),
-                    (64, 64, 0, 4, 5, dict(SWAP=1)), (64, 128, 0, 4, 4, dict(SWAP=1)),
-                    (128, 128, 0, 8, 3, dict(SWAP=1)))]
+                    (64, 64, 2, 4, 5, {}), (64, 64, 0, 4, 5, dict(SPLIT_TARGET=2)),
+                    (64, 64, 0, 4, 5, dict(SPLIT_TARGET=3)),
+                    (128, 64, 0, 4, 4, dict(SPLIT_TARGET=2)),
+                    (64, 128, 0, 4, 4, dict(SPLIT_TARGET=2)),
+                    (64, 128, 0, 4, 4, dict(SWAP=1)), (128, 128, 0, 8, 3, dict(SWAP=1)))]
     G = int(fmt.split("g")[1])
     if M == 1:
         out = [_v("triton", BLOCK_N=bn, BYTES=by, num_warps=w, MAGIC=m)
-               for bn, by, w, m in ((2, 1024, 4, 1), (8, 512, 4, 1), (4, 512, 4, 1),
-                                    (16, 256, 4, 1), (8, 256, 4, 0), (4, 1024, 4, 1),
-                                    (2, 2048, 4, 1))]
+               for bn, by, w, m in ((2, 1024, 4, 1), (8, 512, 4, 1), (4, 1024, 4, 1))]
+        out += _words("BYTES", WORDS_INT4)
         out += [_v("triton", BLOCK_N=64, GROUPS=1, SPLIT_K=sk, MAGIC=m, num_warps=4, SWAP=1)
-                for sk, m in ((0, 3), (4, 3), (2, 3), (0, 2))]  # the GEMM, 16 rows padded
+                for sk, m in ((0, 3), (4, 3))]  # the GEMM, 16 rows padded
     else:
-        rows = [(64, 1, 0, 0, 4, 3, 0), (64, 1, 0, 3, 4, 3, 0),
-                (64, 1, 0, 3, 4, 3, 1), (64, 1, 0, 2, 4, 3, 1), (64, 1, 0, 0, 4, 3, 1),
-                (64, 1, 2, 3, 4, 3, 1), (64, 1, 0, 3, 4, 4, 1), (128, 1, 0, 3, 8, 3, 1)]
+        rows = [(64, 1, 0, 3, 4, 3, 1, 1), (64, 1, 0, 0, 4, 3, 1, 1),
+                (64, 1, 2, 3, 4, 3, 1, 1), (64, 1, 0, 3, 4, 4, 1, 1),
+                (64, 1, 0, 3, 4, 3, 1, 2), (64, 1, 0, 3, 4, 3, 1, 3),
+                (128, 1, 0, 3, 8, 3, 1, 1), (128, 1, 0, 3, 8, 3, 1, 2),
+                (32, 1, 0, 3, 4, 3, 1, 2)]
         if G == 32:
-            rows += [(64, 2, 0, 3, 4, 3, 1), (64, 4, 0, 3, 4, 3, 1)]
+            rows += [(64, 2, 0, 3, 4, 3, 1, 1), (64, 2, 0, 3, 4, 3, 1, 2)]
         out = [_v("triton", BLOCK_N=bn, GROUPS=gr, SPLIT_K=sk, MAGIC=m, num_warps=w,
-                  num_stages=st, SWAP=sw) for bn, gr, sk, m, w, st, sw in rows]
+                  num_stages=st, SWAP=sw, SPLIT_TARGET=tg)
+               for bn, gr, sk, m, w, st, sw, tg in rows]
     return out + [_v("tinygemm", inner_k_tiles=t) for t in ((2, 8) if M == 1 else (8,))]
 
 
@@ -272,19 +297,20 @@ def pick(rows: list[dict], shapes) -> dict:
 
 
 def install(picks: dict) -> dict:
-    """Put the "int8" and "int4" picks into quant_kernels.CONFIGS (the M = 64 pick for every
-    GEMM bucket; int4 group-size overrides dropped); returns what was installed."""
+    """Put the picks into quant_kernels.CONFIGS (the M = 64 pick for every GEMM bucket):
+    "int8", "int4" (one table for every group size) and, per group size swept, the
+    "int4-g<G>" override; returns what was installed."""
     done = {}
     for key in [k for k in qk.CONFIGS if k not in ("int8", "int4")]:
         del qk.CONFIGS[key]
-    for table in ("int8", "int4"):
+    for table in ("int8", "int4", *(f for f in FORMATS if f.startswith("int4-"))):
         for key, p in picks.items():
             group, M = key.split("@")
             if group != table or not p["best_config"]:
                 continue
             cfg = _config(p["best_config"])
             for b in ([1] if M == "1" else [16, 32, 64, 128]):
-                qk.CONFIGS[table][b] = {**qk.CONFIGS[table][b], **cfg}
+                qk.CONFIGS.setdefault(table, {})[b] = cfg
             done[key] = cfg
     return done
 

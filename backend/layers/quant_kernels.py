@@ -21,9 +21,15 @@ integer op. GEMVs, fp32: int8 q -> bits 0x3FC00000 + q * 2^15 = 1.5 + q / 256, s
 x * f and recovered as 256 * (sum x f - 1.5 sum x); a nibble n -> 0x3F800000 | n << 19 =
 1 + n / 16, so n s + m = f * 16 s + (m - 16 s). f stays within [1, 2), so the fp32 sums
 lose nothing that matters against bf16 outputs. The int4 GEMM in bf16: 0x4300 | n = 128 + n.
-The int4 GEMM multiplies W x.T (``SWAP``): the dequantised tile is tl.dot's left operand
-(on Hopper the left operand of a warpgroup MMA may sit in registers, the right one must be
-in shared memory); measured 1.4-1.8x faster than x W.T on Llama-2-7B's shapes at 64 tokens.
+The word-wise GEMVs (``WORDS``) read the codes as int32 words and decode a code with a
+single AND: a field n at bits P..P+w-1 (P + w <= 24) is, read as fp32, exactly
+n * 2^(P - 149), a subnormal or lowest-binade number; x is pre-scaled by 2^(100 - P) so
+every product is n * x * 2^-49, all in the normal range (FFMA keeps subnormal inputs: Triton
+compiles fp32 arithmetic without flush-to-zero). int8 codes become unsigned by an XOR of
+0x80 per byte first. The int4 GEMM multiplies W x.T (``SWAP``): the dequantised tile is
+tl.dot's left operand (on Hopper the left operand of a warpgroup MMA may sit in registers,
+the right one must be in shared memory); measured 1.4-1.8x faster than x W.T on
+Llama-2-7B's shapes at 64 tokens.
 """
 from __future__ import annotations
 
@@ -65,19 +71,26 @@ def int4_supported(in_features: int, group_size: int) -> bool:
 
 # Kernel parameters per format and token-count bucket (1 = one token; 16/32/64/128 = the
 # GEMM's BLOCK_M), the fastest in ``benchmarks.quant_sweep`` on an H200 summed over
-# Llama-2-7B's four linear shapes (docs/benchmarks/quant.md). A config with MAGIC (int8) or
-# BYTES (int4) runs the GEMV, one with SPLIT_K the GEMM (16 rows, one used, at one token).
-# SPLIT_K 0 = choose from the grid size (``_split_k``). "int4-g<G>" entries override "int4"
-# for that group size.
-_INT8_GEMM = dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=0, num_warps=4, num_stages=5)
-_INT4_GEMM = dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=3, SWAP=1, num_warps=4, num_stages=3)
+# Llama-2-7B's four linear shapes (docs/benchmarks/quant.md, third sweep). A config with
+# MAGIC (int8) or BYTES (int4) runs a GEMV (WORDS: the word-wise one, see
+# ``_int8_gemv_words``), one with SPLIT_K the GEMM (16 rows, one used, at one token).
+# SPLIT_K 0 = choose from the grid size (``_split_k``, aiming at SPLIT_TARGET programs per
+# multiprocessor). "int4-g<G>" entries override "int4" for that group size.
+_INT8_GEMM = dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=0, SPLIT_TARGET=2, num_warps=4, num_stages=5)
+_INT4_GEMM = dict(BLOCK_N=64, GROUPS=1, SPLIT_K=0, MAGIC=3, SWAP=1, SPLIT_TARGET=2,
+                  num_warps=4, num_stages=3)
 CONFIGS: dict[str, dict[int, dict]] = {
-    "int8": {1: dict(BLOCK_N=8, BLOCK_K=1024, MAGIC=1, num_warps=4, num_stages=3),
+    "int8": {1: dict(BLOCK_N=8, BLOCK_K=1024, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),
              **{m: _INT8_GEMM for m in (16, 32, 64, 128)}},
-    "int4": {1: dict(BLOCK_N=2, BYTES=1024, MAGIC=1, num_warps=4, num_stages=3),
+    "int4": {1: dict(BLOCK_N=16, BYTES=512, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),
              **{m: _INT4_GEMM for m in (16, 32, 64, 128)}},
-    # g128 at one token: the split-K GEMM beat the GEMV (79 vs 88 us per Llama block)
-    "int4-g128": {1: dict(_INT4_GEMM, SPLIT_K=4)},
+    # g32 at one token: the per-weight GEMV (87.9 us per block; word-wise 94.8)
+    "int4-g32": {1: dict(BLOCK_N=2, BYTES=1024, MAGIC=1, num_warps=4, num_stages=3),
+                 **{m: dict(_INT4_GEMM, BLOCK_N=128, num_warps=8) for m in (16, 32, 64, 128)}},
+    # g128 at one token: word-wise, 64 rows a program, pipelined, K split for 4096-row layers
+    "int4-g128": {1: dict(BLOCK_N=64, BYTES=128, MAGIC=1, WORDS=1, STAGES=3, PROGRAMS_PER_SM=2,
+                          SPLIT_GEMV=1, num_warps=4, num_stages=3),
+                  **{m: dict(_INT4_GEMM, SPLIT_TARGET=1) for m in (16, 32, 64, 128)}},
 }
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -164,6 +177,137 @@ if triton is not None:
             acc += w_lo * x_lo.to(tl.float32) + w_hi * x_hi.to(tl.float32)
         y = tl.sum(tl.sum(acc, axis=2), axis=1)
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+    @triton.jit
+    def _subnormal(w, MASK: tl.constexpr):
+        """The bits of int32 words w under MASK as fp32: a field n at bits P..P+w-1 (P + w <=
+        24) reads as exactly n * 2^(P - 149) (subnormal or lowest binade): one AND decodes it."""
+        return (w & MASK).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, N, kw, W_SPLIT, BLOCK_N: tl.constexpr,
+                         BLOCK_W: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
+                         PARTIAL: tl.constexpr):
+        # q read as int32 words [N, K / 4] (word i: columns 4i..4i+3). XOR 0x80 per byte
+        # gives u = q + 128 in 0..255; byte b decodes with one AND (``_subnormal``, the top
+        # byte after a shift by 8) and its x is pre-scaled by 2^(100 - P), so each product
+        # is u * x * 2^-49; y = scale * (2^49 * sum u x - 128 * sum x). kw = K / 4; program
+        # (i, k) covers words [k W_SPLIT, (k + 1) W_SPLIT) (PARTIAL: fp32 sums [splits, N]).
+        pid_k = tl.program_id(1)
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ri = tl.arange(0, BLOCK_W)
+        acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+        xs = tl.zeros((BLOCK_W,), dtype=tl.float32)
+        for i0 in tl.range(pid_k * W_SPLIT, tl.minimum(kw, (pid_k + 1) * W_SPLIT), BLOCK_W,
+                           num_stages=STAGES):
+            wi = i0 + ri  # [BW] word index
+            if EVEN:
+                w = tl.load(w_ptr + rn[:, None] * kw + wi[None, :])
+            else:
+                w = tl.load(w_ptr + rn[:, None] * kw + wi[None, :],
+                            mask=(rn[:, None] < N) & (wi[None, :] < kw), other=0)
+            u = w ^ -0x7F7F7F80  # 0x80808080 as int32
+            u8 = u >> 8
+            for b in tl.static_range(4):
+                if EVEN:
+                    x = tl.load(x_ptr + 4 * wi + b).to(tl.float32)
+                else:
+                    x = tl.load(x_ptr + 4 * wi + b, mask=wi < kw, other=0.0).to(tl.float32)
+                xs += x
+                if b < 3:
+                    f = _subnormal(u, 0xFF << (8 * b))
+                    x = x * (2.0 ** (100 - 8 * b))
+                else:
+                    f = _subnormal(u8, 0xFF0000)
+                    x = x * (2.0 ** 84)
+                acc += f * x[None, :]
+        t = tl.sum(acc, axis=1) * (2.0 ** 49) - 128.0 * tl.sum(xs, axis=0)  # [BN]
+        s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        _store_row(y_ptr, t * s, rn, pid_k, N, PARTIAL)
+
+    @triton.jit
+    def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, hw, W_SPLIT, G: tl.constexpr,
+                         BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr,
+                         STAGES: tl.constexpr, PARTIAL: tl.constexpr):
+        # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
+        # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
+        # A nibble decodes with one AND (``_subnormal``: n * 2^(P - 149) for its bit
+        # position P; the top byte's after one shift by 8), its x is pre-scaled by
+        # 2^(100 - P) so every product is n * x * 2^-49. Per word and row: T = sum n x over
+        # its four columns of each half, then acc += T * s * 2^49 + (sum x) * min.
+        # Tile [BLOCK_N rows, GROUPS groups, G / 4 words]: x and its sums are shared by
+        # the rows a thread holds. hw = K / 8 words per row, an argument so that Triton sees
+        # its divisibility (16-byte loads). Program (i, k) covers words [k W_SPLIT,
+        # (k + 1) W_SPLIT) of each row half (PARTIAL: fp32 sums [splits, N]).
+        pid_k = tl.program_id(1)
+        half = K // 2
+        ng = K // G
+        hg = half // G
+        GW: tl.constexpr = G // 4
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+        acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
+        for j0 in tl.range(pid_k * W_SPLIT, tl.minimum(hw, (pid_k + 1) * W_SPLIT), GROUPS * GW,
+                           num_stages=STAGES):
+            g = j0 // GW + tl.arange(0, GROUPS)  # [GROUPS]
+            wi = g[:, None] * GW + tl.arange(0, GW)[None, :]  # [GROUPS, GW] word index
+            sidx = rn[:, None] * ng + g[None, :]  # [BN, GROUPS]
+            gm = g < hg
+            sm = (rn[:, None] < N) & gm[None, :]
+            if EVEN:
+                w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :])
+                s_lo = tl.load(s_ptr + sidx).to(tl.float32)
+                z_lo = tl.load(z_ptr + sidx).to(tl.float32)
+                s_hi = tl.load(s_ptr + sidx + hg).to(tl.float32)
+                z_hi = tl.load(z_ptr + sidx + hg).to(tl.float32)
+            else:
+                w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :],
+                            mask=sm[:, :, None], other=0)
+                s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
+                z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
+                s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
+                z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
+            w8 = w >> 8  # byte 3's nibbles at bits 16..23
+            xp = x_ptr + 4 * wi  # [GROUPS, GW]
+            t_lo = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+            t_hi = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+            xs_lo = tl.zeros((GROUPS, GW), dtype=tl.float32)
+            xs_hi = tl.zeros((GROUPS, GW), dtype=tl.float32)
+            for b in tl.static_range(4):
+                if EVEN:
+                    xl = tl.load(xp + b).to(tl.float32)
+                    xh = tl.load(xp + half + b).to(tl.float32)
+                else:
+                    xl = tl.load(xp + b, mask=gm[:, None], other=0.0).to(tl.float32)
+                    xh = tl.load(xp + half + b, mask=gm[:, None], other=0.0).to(tl.float32)
+                xs_lo += xl
+                xs_hi += xh
+                if b < 3:  # low nibble at P = 8b, high at 8b + 4
+                    f_lo = _subnormal(w, 0xF << (8 * b))
+                    f_hi = _subnormal(w, 0xF0 << (8 * b))
+                    xl = xl * (2.0 ** (100 - 8 * b))
+                    xh = xh * (2.0 ** (96 - 8 * b))
+                else:  # from w >> 8: P = 16 and 20
+                    f_lo = _subnormal(w8, 0xF0000)
+                    f_hi = _subnormal(w8, 0xF00000)
+                    xl = xl * (2.0 ** 84)
+                    xh = xh * (2.0 ** 80)
+                t_lo += f_lo * xl[None, :, :]
+                t_hi += f_hi * xh[None, :, :]
+            s_lo, s_hi = s_lo * (2.0 ** 49), s_hi * (2.0 ** 49)
+            acc += t_lo * s_lo[:, :, None] + t_hi * s_hi[:, :, None]
+            # min * (sum of the group's x): once per row and group, the x sums shared
+            acc_z += z_lo * tl.sum(xs_lo, axis=1)[None, :] + z_hi * tl.sum(xs_hi, axis=1)[None, :]
+        y = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
+        _store_row(y_ptr, y, rn, pid_k, N, PARTIAL)
+
+    @triton.jit
+    def _store_row(y_ptr, y, rn, pid_k, N, PARTIAL: tl.constexpr):
+        """y [BN] (fp32) into y_ptr[rn], or into the partial buffer [splits, N] at pid_k."""
+        if PARTIAL:
+            tl.store(y_ptr + pid_k * N + rn, y, mask=rn < N)
+        else:
+            tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @triton.jit
     def _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP: tl.constexpr,
@@ -318,13 +462,15 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
-def _split_k(split: int, tiles: int, steps: int, device: torch.device) -> int:
+def _split_k(split: int, tiles: int, steps: int, device: torch.device, per_sm: int = 1) -> int:
     """Programs along K: the configured number, or (0) the fewest (a power of two, at most
-    4) that give every multiprocessor a program, keeping >= 4 loop steps per program (each
-    split adds an fp32 [M, N] partial to write and read back)."""
+    4) that give every multiprocessor ``per_sm`` programs, keeping >= 4 loop steps per
+    program (each split adds an fp32 [M, N] partial to write and read back). per_sm > 1
+    evens out the waves: 192 tiles on 132 multiprocessors leave 60 of them a second one."""
     if split <= 0:
         split = 1
-        while tiles * split < _sm_count(device) and split < 4 and steps // (split * 2) >= 4:
+        while (tiles * split < per_sm * _sm_count(device) and split < 4
+               and steps // (split * 2) >= 4):
             split *= 2
     return max(1, min(split, steps))
 
@@ -334,9 +480,30 @@ def _split_range(cfg: dict, M: int, N: int, length: int, step: int, block_m: int
     """(programs along K, K range per program: a multiple of ``step``) for a GEMM over
     ``length`` of K in steps of ``step``."""
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, cfg["BLOCK_N"])
-    split = _split_k(cfg["SPLIT_K"], tiles, triton.cdiv(length, step), device)
+    split = _split_k(cfg["SPLIT_K"], tiles, triton.cdiv(length, step), device,
+                     cfg.get("SPLIT_TARGET", 1))
     per = triton.cdiv(triton.cdiv(length, step), split) * step
     return triton.cdiv(length, per), per
+
+
+def _gemv_grid(cfg: dict, N: int, words: int, step: int,
+               device: torch.device) -> tuple[int, int, int]:
+    """(rows per program, programs along K, words per program) for a word-wise GEMV over
+    ``words`` words per row in steps of ``step``. Fewer than ``PROGRAMS_PER_SM`` programs per
+    multiprocessor (the 4096-row layers at 16 rows a program leave half the GPU idle) are
+    made up by splitting K (``SPLIT_GEMV``, up to 8 ways, >= 2 steps each; the fp32 partial
+    sums cost one more small kernel) or else by halving the rows per program."""
+    bn, target = cfg["BLOCK_N"], cfg.get("PROGRAMS_PER_SM", 0) * _sm_count(device)
+    steps = triton.cdiv(words, step)
+    split = 1
+    if cfg.get("SPLIT_GEMV"):
+        while triton.cdiv(N, bn) * split < target and split < 8 and steps // (split * 2) >= 2:
+            split *= 2
+    else:
+        while bn > 1 and triton.cdiv(N, bn) < target:
+            bn //= 2
+    per = triton.cdiv(steps, split) * step
+    return bn, triton.cdiv(words, per), per
 
 
 def _launch_opts(cfg: dict) -> dict:
@@ -367,8 +534,17 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     cfg = config or CONFIGS["int8"][_bucket(M)]
     block_m = max(16, _bucket(M))  # a GEMM config at M = 1 pads to 16 rows
     if M == 1 and "MAGIC" in cfg:  # GEMV configs carry MAGIC, GEMM configs SPLIT_K
-        y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
+        if cfg.get("WORDS") and K % 4 == 0:
+            bw = bk // 4
+            bn, split, per = _gemv_grid(cfg, N, K // 4, bw, x.device)
+            y, out = _gemm_out(x, M, N, split)
+            _int8_gemv_words[(triton.cdiv(N, bn), split)](
+                x, q.view(torch.int32), scale, out, N, K // 4, per, BLOCK_N=bn, BLOCK_W=bw,
+                EVEN=N % bn == 0 and (K // 4) % bw == 0, STAGES=cfg.get("STAGES", 1),
+                PARTIAL=split > 1, **_launch_opts(cfg))
+            return _finish(y, out, split)
+        y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         _int8_gemv[(triton.cdiv(N, bn),)](
             x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"],
             EVEN=N % bn == 0 and K % bk == 0, **_launch_opts(cfg))
@@ -393,12 +569,21 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
     cfg = config or CONFIGS.get(f"int4-g{G}", {}).get(bucket) or CONFIGS["int4"][bucket]
     block_m = max(16, bucket)
     if M == 1 and "BYTES" in cfg:  # GEMV configs carry BYTES, GEMM configs GROUPS
+        groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
+        if cfg.get("WORDS"):
+            bn, split, per = _gemv_grid(cfg, N, K // 8, groups * G // 4, x.device)
+            y, out = _gemm_out(x, M, N, split)
+            _int4_gemv_words[(triton.cdiv(N, bn), split)](
+                x, packed.view(torch.int32), scale, lo, out, N, K, K // 8, per, G=G,
+                BLOCK_N=bn, GROUPS=groups, EVEN=N % bn == 0 and half % (groups * G) == 0,
+                STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, **_launch_opts(cfg))
+            return _finish(y, out, split)
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn = cfg["BLOCK_N"]
-        groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
+        even = N % bn == 0 and half % (groups * G) == 0
         _int4_gemv[(triton.cdiv(N, bn),)](
             x, packed, scale, lo, y, N, K, G=G, BLOCK_N=bn, GROUPS=groups, MAGIC=cfg["MAGIC"],
-            EVEN=N % bn == 0 and half % (groups * G) == 0, **_launch_opts(cfg))
+            EVEN=even, **_launch_opts(cfg))
         return y
     bn, groups = cfg["BLOCK_N"], cfg["GROUPS"]
     split, j_split = _split_range(cfg, M, N, half, groups * G, block_m, x.device)

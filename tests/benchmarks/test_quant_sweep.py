@@ -23,5 +23,6 @@ def test_sweep_runs_every_variant_and_picks(tmp_path):
     assert triton_rows and all("us" in r and r["rel_err"] < 1e-3 for r in triton_rows), [
         (r["variant"], r.get("error")) for r in triton_rows if "us" not in r]
     picks = json.loads((tmp_path / "picks.json").read_text())
-    assert set(picks["installed"]) == {"int8@1", "int8@20", "int4@1", "int4@20"}
+    tables = ("int8", "int4", "int4-g32", "int4-g128")
+    assert set(picks["installed"]) == {f"{t}@{m}" for t in tables for m in (1, 20)}
     assert all(p["best_triton"] for k, p in picks["picks"].items() if k.split("@")[0] != "bf16")

@@ -30,11 +30,26 @@ _CHECK = textwrap.dedent("""
     # shape; GEMM as x W.T and W x.T, unsplit, split in two / three (uneven) and auto.
     gemv8 = [dict(BLOCK_N=bn, BLOCK_K=bk, MAGIC=m, num_warps=4, num_stages=3)
              for bn, bk, m in ((4, 64, 1), (16, 128, 0), (8, 256, 1))]
+    gemv8 += [dict(BLOCK_N=bn, BLOCK_K=bk, MAGIC=1, WORDS=1, num_warps=4, num_stages=3)
+              for bn, bk in ((4, 64), (16, 128), (8, 256))]
+    gemv8 += [dict(BLOCK_N=16, BLOCK_K=64, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=1,
+                   num_warps=4, num_stages=3),
+              dict(BLOCK_N=16, BLOCK_K=32, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=1, SPLIT_GEMV=1,
+                   STAGES=2, num_warps=4, num_stages=3)]
     gemm8 = [dict(BLOCK_N=16, BLOCK_K=bk, SPLIT_K=sk, SWAP=sw, num_warps=4, num_stages=3)
              for bk, sk, sw in ((32, 1, 0), (64, 2, 1), (32, 0, 0), (64, 3, 1))]
     # int4: the GEMV (both decodings), the GEMM with every MAGIC, both orientations, splits.
     gemv4 = [dict(BLOCK_N=bn, BYTES=by, MAGIC=m, num_warps=4, num_stages=3)
              for bn, by, m in ((4, 64, 1), (8, 32, 0), (16, 128, 1), (2, 256, 1))]
+    # the word-wise GEMV (subnormal decoding): tiles that do and do not divide the shape
+    gemv4 += [dict(BLOCK_N=bn, BYTES=by, MAGIC=1, WORDS=1, num_warps=4, num_stages=3)
+              for bn, by in ((4, 64), (8, 128), (16, 32))]
+    # rows per program halved until the grid fills 132 multiprocessors twice: 48 rows -> 1
+    gemv4 += [dict(BLOCK_N=16, BYTES=64, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=2, num_warps=4,
+                   num_stages=3),
+              # or K split (up to 8 ways) with fp32 partial sums; pipelined loads
+              dict(BLOCK_N=16, BYTES=32, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=2, SPLIT_GEMV=1,
+                   STAGES=3, num_warps=4, num_stages=3)]
     gemm4 = [dict(BLOCK_N=16, GROUPS=gr, SPLIT_K=sk, MAGIC=m, SWAP=sw, num_warps=4,
                   num_stages=3)
              for gr, sk, m, sw in ((1, 1, 0, 0), (2, 2, 3, 1), (1, 0, 2, 1), (2, 3, 0, 1))]
@@ -51,6 +66,17 @@ _CHECK = textwrap.dedent("""
                 close(qk.int8_matmul(x, q, s, cfg), x @ ref8.t())
             for cfg in [None] + gemm4 + (gemv4 if M == 1 else []):
                 close(qk.int4_matmul(x, packed, g.scale, g.min, G, cfg), x @ ref4.t())
+    # bf16 activations and scales (the decoding's bit tricks in the model dtype): within
+    # bf16 rounding of the output
+    w = torch.randn(64, 512, generator=gen) * 0.05
+    g = quantize_int4(w, 32)
+    packed = qk.pack_int4(g.codes)
+    sb, mb = g.scale.bfloat16(), g.min.bfloat16()
+    x = torch.randn(1, 512, generator=gen).bfloat16()
+    ref = x.float() @ qk.dequantize_int4(packed, sb, mb, 32).float().t()
+    for cfg in gemv4:
+        y = qk.int4_matmul(x, packed, sb, mb, 32, cfg).float()
+        assert ((y - ref).abs().max() / ref.abs().max()).item() < 2e-2, cfg
     print("ok")
 """)
 
@@ -70,11 +96,26 @@ def test_int4_packing_round_trips():
     torch.testing.assert_close(back, g.dequantize())
 
 
+def test_gemv_grid_fills_the_multiprocessors():
+    grid = quant_kernels._gemv_grid
+    cfg = dict(BLOCK_N=16, PROGRAMS_PER_SM=2)
+    cpu = torch.device("cpu")  # counted as 132 multiprocessors
+    assert grid(cfg, 12288, 1024, 128, cpu) == (16, 1, 1024)  # 768 programs
+    assert grid(cfg, 4096, 1024, 128, cpu) == (8, 1, 1024)  # 16 rows: 256 < 264 programs
+    assert grid(dict(BLOCK_N=16), 64, 1024, 128, cpu) == (16, 1, 1024)  # no minimum
+    split = dict(cfg, SPLIT_GEMV=1)
+    assert grid(split, 4096, 1024, 128, cpu) == (16, 2, 512)  # 256 rows x 2 splits
+    assert grid(split, 64, 1024, 128, cpu) == (16, 4, 256)  # >= 2 steps per split
+    assert grid(split, 64, 1000, 128, cpu) == (16, 4, 256)  # the last split shorter
+
+
 def test_int4_kernel_support_and_group_override():
     assert quant_kernels.int4_supported(4096, 32) and quant_kernels.int4_supported(11008, 128)
     assert not quant_kernels.int4_supported(4096, 48)  # not a power of two
     assert not quant_kernels.int4_supported(64, 8)  # under 16 bytes per group
     assert not quant_kernels.int4_supported(192, 64)  # 64 does not divide the half width 96
-    # the g128 table overrides the shared one at one token only
-    assert "SPLIT_K" in quant_kernels.CONFIGS["int4-g128"][1]
-    assert set(quant_kernels.CONFIGS["int4-g128"]) == {1}
+    # per group size, a table for every bucket overrides the shared one
+    for G in (32, 128):
+        assert set(quant_kernels.CONFIGS[f"int4-g{G}"]) == {1, 16, 32, 64, 128}
+    assert quant_kernels.CONFIGS["int4-g128"][1]["SPLIT_GEMV"]
+    assert "WORDS" not in quant_kernels.CONFIGS["int4-g32"][1]
