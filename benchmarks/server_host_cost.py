@@ -357,9 +357,8 @@ def _cpu_us_per(n: int, fn: Callable[[], None]) -> float:
 
 
 async def _handoff_us(make: Callable[[], Any], put: str, streams: int, steps: int) -> float:
-    """Event-loop CPU per item: one callback per step puts an item into each of ``streams``
+    """Event-loop CPU per item: once per step an item goes into each of ``streams``
     channels, each read by its own task (the engine-to-request hand-off)."""
-    loop = asyncio.get_running_loop()
     channels = [make() for _ in range(streams)]
 
     async def reader(ch: Any) -> None:
