@@ -13,6 +13,10 @@ Over the loaded window it measures:
   (device work on a GPU): scheduling, step inputs, token bookkeeping, stop checks, the
   outputs and their hand-off to the loop.
 
+Beside them, in the same run, the HTTP floor: the loop's CPU per token when a bare aiohttp
+handler streams chunks of the same size to the same client, woken once per step by one
+timer (``floor_app``): the socket writes and task wake-ups every streamed token costs.
+
 CPU time, not throughput: on a CPU device the forward dominates the wall clock, while on a
 GPU it is the host work that has to fit inside a device step. ``--profile`` adds a second,
 cProfile'd pass (loop thread and engine steps) and lists the top functions by own time.
@@ -39,13 +43,14 @@ from typing import Any, Callable
 
 import aiohttp
 import uvloop
+from aiohttp import web
 
 from backend.engine.async_engine import OutputChannel
 from backend.engine.config import EngineConfig
 from backend.server import ServerConfig, create_app
 from backend.server.app import start_app
-from backend.server.formatting import ChunkFormatter, sse_event
-from backend.server.generation import Delta
+from backend.server.formatting import SSE_DONE, ChunkFormatter, sse_event
+from backend.server.generation import Delta, Finish
 from backend.server.handlers import STATE
 from backend.tokenizer import IncrementalDetokenizer, Tokenizer
 from backend.weights.loader import load_model_source
@@ -245,6 +250,65 @@ async def _window(url: str, args: argparse.Namespace, meter: StepMeter,
             "engine": summarize_steps(meter.steps, args.concurrency)}
 
 
+def floor_app(step_s: float) -> web.Application:
+    """The HTTP floor: aiohttp streams of SSE chunks like ours, all woken by one timer every
+    ``step_s`` (one hand-off per step), with no engine, tokenizer or middleware: what
+    streaming a token costs the loop before any of the backend's own work."""
+    fmt = ChunkFormatter("chat", "floor", "m", include_usage=True)
+    role, delta = sse_event(fmt.start()[0]), fmt.frame(Delta(" lantern"))
+    waiters: list[asyncio.Future] = []
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(step_s)
+            ready = waiters[:]
+            waiters.clear()
+            for fut in ready:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        n = (await request.json())["max_tokens"]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        await resp.write(role)
+        loop = asyncio.get_running_loop()
+        for _ in range(n):
+            waiters.append(loop.create_future())
+            await waiters[-1]
+            await resp.write(delta)
+        usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+        await resp.write(fmt.frame(Finish("length", usage, {})))
+        await resp.write(SSE_DONE)
+        await resp.write_eof()
+        return resp
+
+    async def run_ticker(app: web.Application) -> Any:
+        task = asyncio.create_task(ticker())
+        yield
+        task.cancel()
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", stream)
+    app.cleanup_ctx.append(run_ticker)
+    return app
+
+
+async def _floor(args: argparse.Namespace) -> list[dict]:
+    runner = web.AppRunner(floor_app(args.floor_step_ms / 1e3), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = "http://127.0.0.1:%d" % runner.addresses[0][1]
+    try:
+        await _window(base, args, StepMeter(), 1, None)
+        return [await _window(base, args, StepMeter(), args.requests_per_worker, None)
+                for _ in range(args.repeats)]
+    finally:
+        await runner.cleanup()
+
+
 async def _serve_and_measure(args: argparse.Namespace) -> dict:
     engine = EngineConfig(max_num_seqs=args.concurrency, max_model_len=1024,
                           kv_cache_memory_gib=0.5)
@@ -257,7 +321,7 @@ async def _serve_and_measure(args: argparse.Namespace) -> dict:
         await _window(base, args, meter, 1, None)  # warm-up: first requests, allocator
         runs = [await _window(base, args, meter, args.requests_per_worker, None)
                 for _ in range(args.repeats)]
-        result: dict[str, Any] = {"runs": runs}
+        result: dict[str, Any] = {"runs": runs, "floor_runs": await _floor(args)}
         if args.profile:
             # thread CPU clocks: a thread waiting for the GIL or a core is not charged
             loop_prof = cProfile.Profile(time.thread_time)
@@ -293,9 +357,8 @@ def _cpu_us_per(n: int, fn: Callable[[], None]) -> float:
 
 
 async def _handoff_us(make: Callable[[], Any], put: str, streams: int, steps: int) -> float:
-    """Event-loop CPU per item: one callback per step puts an item into each of ``streams``
+    """Event-loop CPU per item: once per step an item goes into each of ``streams``
     channels, each read by its own task (the engine-to-request hand-off)."""
-    loop = asyncio.get_running_loop()
     channels = [make() for _ in range(streams)]
 
     async def reader(ch: Any) -> None:
@@ -342,12 +405,14 @@ def measure_components(model: str, tokens: int = 4096) -> dict:
     return out
 
 
-def _headline(runs: list[dict]) -> dict:
+def _headline(runs: list[dict], floor_runs: list[dict]) -> dict:
     """Medians over the repeats of the figures the docs quote."""
     def med(get: Callable[[dict], float | None]) -> float | None:
         xs = [v for v in (get(r) for r in runs) if v is not None]
         return round(statistics.median(xs), 1) if xs else None
+    floor = [r["loop_cpu_us_per_token"] for r in floor_runs]
     return {
+        "floor_loop_cpu_us_per_token": round(statistics.median(floor), 1) if floor else None,
         "loop_cpu_us_per_token": med(lambda r: r["loop_cpu_us_per_token"]),
         "loop_cpu_us_per_step": med(lambda r: r["loop_cpu_us_per_step"]),
         "engine_host_cpu_us_per_step": med(
@@ -374,6 +439,8 @@ def _print_table(doc: dict, before: dict | None) -> None:
     print(f"{'figure':34} {'before':>10} {'now':>10}")
     for key, value in now.items():
         old = before["headline"].get(key) if before else None
+        if key.startswith("floor_"):  # measured in this run, whatever the commit
+            old = None
         print(f"{key:34} {old if old is not None else '-':>10} "
               f"{value if value is not None else '-':>10}")
     for name, row in doc.get("components_us_per_token", {}).items():
@@ -394,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--requests-per-worker", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--floor-step-ms", type=float, default=20.0,
+                   help="the HTTP floor's step: how often it wakes every stream")
     p.add_argument("--profile", action="store_true",
                    help="one more window under cProfile: top functions by own time")
     p.add_argument("--profile-top", type=int, default=30)
@@ -415,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                        "python": platform.python_version()},
            "settings": {k: getattr(args, k) for k in ("model", "concurrency", "max_tokens",
                                                        "requests_per_worker", "repeats")},
-           "headline": _headline(result["runs"]), **result}
+           "headline": _headline(result["runs"], result["floor_runs"]), **result}
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:

@@ -17,6 +17,9 @@ from .generation import Delta, Event, Finish
 from .protocol import Kind
 
 TIMINGS_FIELD = "firsttoken_timings"
+# json.dumps(text) for a str, without its dispatch (the C function json.dumps calls with
+# ensure_ascii, the default): the very same bytes
+_json_string = json.encoder.encode_basestring_ascii
 _PLACEHOLDER = "\x00"  # json.dumps writes it as "\u0000": never a real delta's whole text
 
 
@@ -86,7 +89,7 @@ class ChunkFormatter:
         """A streamed event's SSE bytes: ``sse_event`` of its chunks (``delta``/``finish``)."""
         if isinstance(event, Delta):
             before, after = self._text_frame
-            return before + json.dumps(event.text).encode() + after
+            return before + _json_string(event.text).encode() + after
         return b"".join(sse_event(chunk) for chunk in self.finish(event))
 
     async def render(self, events: AsyncIterator[Event]) -> AsyncIterator[dict]:

@@ -124,21 +124,21 @@ class Generation:
 
     def _take(self, out: object, detok: object) -> str:
         """Count and stamp the output's tokens; return the text that may be sent now."""
-        now = time.perf_counter_ns()
-        if out.new_token_ids:
-            self._clock.first_token = self._clock.first_token or now
-            self._clock.last_token = now
-            self.completion_tokens += len(out.new_token_ids)
+        now, ids, clock = time.perf_counter_ns(), out.new_token_ids, self._clock
+        if ids:
+            if not clock.first_token:
+                clock.first_token = now
+            clock.last_token = now
+            self.completion_tokens += len(ids)
         with self._nvtx.range("detokenize"):
             # The engine leaves EOS / stop tokens out; the detokenizer skips special tokens.
-            ids = out.new_token_ids
-            text = detok.push(ids[0]) if len(ids) == 1 else "".join(detok.push(t) for t in ids)
+            text = detok.push(ids[0]) if len(ids) == 1 else "".join(map(detok.push, ids))
             released = self._stops.push(text) if text else ""
             if out.finished and not self._stops.stopped:
                 released += self._stops.push(detok.flush())
                 released += self._stops.flush()
-        if released:
-            self._clock.first_content = self._clock.first_content or now
+        if released and not clock.first_content:
+            clock.first_content = now
         return released
 
     def _usage(self, final: object | None) -> dict:

@@ -1,6 +1,7 @@
 """HTTP handlers: the OpenAI endpoints, /tokenize, /health, /metrics."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -44,6 +45,17 @@ async def _stream(request: web.Request, fmt: ChunkFormatter,
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
+    # The chunks are written by a task of its own: waking it for each token then resumes
+    # its short stack only, not this handler's middlewares and aiohttp's request frames.
+    # Cancelling the handler (client gone) cancels the awaited task too.
+    if await asyncio.ensure_future(_write_events(request, resp, fmt, run)):
+        await resp.write_eof()
+    return resp
+
+
+async def _write_events(request: web.Request, resp: web.StreamResponse, fmt: ChunkFormatter,
+                        run: Generation) -> bool:
+    """Write the run's chunks as SSE events; False when the client has gone."""
     # aclosing: however this ends (client gone, handler cancelled, error), the event
     # generator closes now, which aborts the engine request and frees its blocks.
     async with contextlib.aclosing(run.events()) as events:
@@ -60,9 +72,8 @@ async def _stream(request: web.Request, fmt: ChunkFormatter,
             await resp.write(sse_event(err.body()))
         except ConnectionError:
             log.info("client disconnected from %s", request_id(request))
-            return resp
-    await resp.write_eof()
-    return resp
+            return False
+    return True
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -22,6 +22,9 @@ def test_small_run_writes_every_figure(tmp_path):
     assert client["errors"] == 0 and client["done"] == 8
     assert client["completion_tokens"] == 4 * 2 * 8  # ignore_eos: every request runs to max
     assert run["loop_cpu_s"] > 0 and run["loop_cpu_us_per_token"] > 0
+    (floor,) = doc["floor_runs"]  # the bare aiohttp streams took the same client load
+    assert floor["client"]["completion_tokens"] == client["completion_tokens"]
+    assert floor["client"]["content_chunks"] == 4 * 2 * 8 and floor["loop_cpu_s"] > 0
     engine = run["engine"]
     assert engine["steady_steps"] > 0 and engine["steady"]["forward_wall_ms_median"] > 0
     assert engine["all"]["tokens"] == client["completion_tokens"]
