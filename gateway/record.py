@@ -65,7 +65,8 @@ class RequestRecord:
     route_level: int = 0
 
     def content(self, t_read_ns: int, t_written_ns: int) -> int | None:
-        """Note a content chunk written at t_written; returns the ITL gap in ns (or None)."""
+        """Note a content chunk handed to the client's socket at t_written; returns the ITL
+        gap in ns (or None)."""
         self.content_chunks += 1
         gap = None
         if self.t_first_ns is None:

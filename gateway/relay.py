@@ -156,30 +156,34 @@ async def _pump(resp: web.StreamResponse, opened: Opened, rec: RequestRecord, se
             if done or not data:
                 break
             if out:
+                # Content is stamped as it is handed to the socket, not when the write call
+                # returns: the client (another process) may read it before this task
+                # resumes, and the gateway's TTFT must not end after the client's.
+                t_sent = clock()
                 await _write(resp.write, b"".join(out))
-                t_written = clock()
-                rec.relay_ns += t_written - t_read
-                if _contents_written(rec, contents, t_read, t_written, itl):
+                rec.relay_ns += clock() - t_read
+                if _contents_written(rec, contents, t_read, t_sent, itl):
                     deadline.reschedule(opened.total_deadline)
     if not done and rec.finish_reason is None:
         raise UpstreamError("upstream stream ended before completion")
     # The upstream's [DONE] (or ours, when it finished cleanly without one: clients expect
     # it) leaves with the end of the chunked body, in one send.
     out.append(b"data: [DONE]\n\n")
+    t_sent = clock()
     await _write(resp.write_eof, b"".join(out))
     rec.t_end_ns = clock()
-    _contents_written(rec, contents, t_read, rec.t_end_ns, itl)  # content read with [DONE]
+    _contents_written(rec, contents, t_read, t_sent, itl)  # content read with [DONE]
     # The client has the whole stream: the request is a success whatever happens next (the
     # upstream's body end may still be on its way; the caller lets the pool wait for it).
     rec.status = 200
 
 
-def _contents_written(rec: RequestRecord, n: int, t_read: int, t_written: int,
+def _contents_written(rec: RequestRecord, n: int, t_read: int, t_sent: int,
                       itl: Any) -> bool:
     """Note ``n`` content events that left in one write; True if the stream's first was one."""
     first = n > 0 and rec.t_first_ns is None
     for _ in range(n):
-        gap = rec.content(t_read, t_written)
+        gap = rec.content(t_read, t_sent)
         if gap is not None:  # None for the stream's first content
             itl.observe(gap / 1e9)
     return first
