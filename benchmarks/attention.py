@@ -251,13 +251,18 @@ def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return torch.randint(100, 30000, (n, length), generator=g).tolist()
 
 
+def _submit(engine: LLMEngine, tag: str, batch: int, prompt: int, out: int, seed: int) -> None:
+    """Add ``batch`` greedy requests of ``prompt`` random tokens and ``out`` forced outputs."""
+    params = SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(_prompts(batch, prompt, seed)):
+        engine.add_request(f"{tag}{seed}-{i}", p, params)
+
+
 def _decode_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: int) -> float:
     """Median decode-step time with all ``batch`` sequences decoding (prefill steps, and
     steps after the first sequence finished, excluded). ``out`` must outlast the batch's
     prefill: the first prompt prefilled decodes while the others still prefill."""
-    params = SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(_prompts(batch, prompt, seed)):
-        engine.add_request(f"r{seed}-{i}", p, params)
+    _submit(engine, "r", batch, prompt, out, seed)
     times = []
     while engine.has_unfinished():
         running = engine.scheduler.running
@@ -285,9 +290,7 @@ def _stream_tpot_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: 
     """TPOT as a client sees it, with no device sync between steps (so the overlap of
     async scheduling counts): per request (t_last - t_first) / (tokens - 1) from the
     times its outputs leave ``step()``; the median over requests."""
-    params = SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(_prompts(batch, prompt, seed)):
-        engine.add_request(f"s{seed}-{i}", p, params)
+    _submit(engine, "s", batch, prompt, out, seed)
     first: dict[str, float] = {}
     last: dict[str, tuple[float, int]] = {}
     while engine.has_unfinished():
@@ -306,9 +309,7 @@ def _steady_step_ms(engine: LLMEngine, batch: int, prompt: int, out: int, seed: 
     between consecutive ``step()`` returns that each hand every one of the ``batch``
     requests a token, with no device sync between steps (the host's work for step N+1
     overlaps step N's kernels, as in serving). A client's TPOT in steady state."""
-    params = SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(_prompts(batch, prompt, seed)):
-        engine.add_request(f"q{seed}-{i}", p, params)
+    _submit(engine, "q", batch, prompt, out, seed)
     gaps, last = [], None
     while engine.has_unfinished():
         outputs = engine.step()

@@ -1,8 +1,9 @@
 """Kernel-only times of the Triton attention kernels over tile configs, on CUDA.
 
-Each config is captured in a CUDA graph of repeated calls and timed by replay, so the figure
-is the kernels' own time with no Python launch cost (``benchmarks.attention`` times single
-calls with ``do_bench``, launch included). Two questions, one run:
+Each config is captured in a CUDA graph of repeated calls and timed by replay
+(``benchmarks.quant.graph_time_us``), so the figure is the kernels' own time with no Python
+launch cost (``benchmarks.attention`` times single calls with ``do_bench``, launch
+included). Two questions, one run:
 - decode: block_n / num_warps / num_stages per KV dtype, at batches 8-64 and contexts 544
   and 4k (the engine's CUDA graphs cannot pick a tile by context: one config must serve all);
 - prefill: one 512-token prompt alone in the grid (``chunks=1``) and in a grid with the 8
@@ -16,42 +17,18 @@ import argparse
 import json
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from backend.layers import triton_attention as ta
 from benchmarks.attention import BS, DEV, HD, H, KVH, _paged
+from benchmarks.quant import graph_time_us
 
 DECODE_SHAPES = ((64, 544), (64, 4096), (32, 4096), (8, 4096), (8, 544), (1, 544))
 # (block_n, num_warps, num_stages); the engine's default per dtype is timed first
 DECODE_TILES = ((32, 2, 2), (32, 2, 3), (32, 2, 4), (64, 2, 2), (64, 2, 3), (64, 2, 4),
                 (64, 4, 2), (64, 4, 3), (128, 2, 3), (128, 4, 3), (32, 4, 2))
 PREFILL_TILES = ((128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 128, 8, 2))
-
-
-def graph_us(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> float:
-    """Microseconds per call of ``fn`` replayed from a CUDA graph of ``calls`` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile and warm outside the capture
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / (calls * replays) * 1e3
 
 
 def decode_tiles(kinds: list[str], gen: torch.Generator) -> list[dict]:
@@ -66,9 +43,9 @@ def decode_tiles(kinds: list[str], gen: torch.Generator) -> list[dict]:
             lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
             splits = ta.decode_splits(batch, KVH, None, DEV)  # as in the engine's graphs
             for bn, warps, stages in tiles:
-                us = graph_us(partial(
+                us = graph_time_us(partial(
                     ta.paged_decode, q, cache, scales, tables, lens, out, HD ** -0.5, BS, kind,
-                    splits, block_n=bn, num_warps=warps, num_stages=stages), calls=10, replays=5)
+                    splits, block_n=bn, num_warps=warps, num_stages=stages), iters=10)
                 rows.append(dict(kind=kind, batch=batch, context=ctx, splits=splits, block_n=bn,
                                  num_warps=warps, num_stages=stages, us=us,
                                  default=(bn, warps, stages) == default))
@@ -97,7 +74,7 @@ def prefill_tiles(gen: torch.Generator, tokens: int = 512) -> list[dict]:
         starts = torch.full((chunks + 1,), tokens, dtype=torch.int32, device=DEV)
         starts[0] = 0
         for bm, bn, warps, stages in PREFILL_TILES:
-            us = graph_us(partial(
+            us = graph_time_us(partial(
                 ta.paged_prefill, q, cache, None, tables, lens, starts, tokens, out, HD ** -0.5,
                 BS, "auto", block_m=bm, block_n=bn, num_warps=warps, num_stages=stages))
             rows.append(dict(tokens=tokens, chunks=chunks, block_m=bm, block_n=bn,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -22,24 +23,17 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.weights.loader import synthetic_source
+from benchmarks.quant import graph_time_us
 
 # (rows, out features, in features) of qkv, o, gate_up, down at Llama-2-7B widths
 GEMMS = [(m, n, k) for m in (512, 64) for n, k in
          ((12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008))]
 
 
-def gemm_us(m: int, n: int, k: int, calls: int = 50) -> float:
+def gemm_us(m: int, n: int, k: int) -> float:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    for _ in range(5):
-        F.linear(x, w)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        F.linear(x, w)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls * 1e3
+    return graph_time_us(partial(F.linear, x, w))
 
 
 def blas_libraries() -> dict:
