@@ -27,8 +27,9 @@ from torch import nn
 
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.fused_ops import EAGER, TRITON, StepOps
+from backend.layers.gemv import ADD_NORM, NORM, SILU_MUL, Prologue
 from backend.layers.linear import (DenseLinear, Linear, LinearRows, WeightFormat, frozen,
-                                   make_linear)
+                                   make_linear, matmul)
 from backend.layers.quantize import GroupQuantized
 from backend.profiling.ranges import stage
 
@@ -95,8 +96,9 @@ class DecoderLayer(nn.Module):
         ``rope`` q and k are returned unrotated (attention's KV store rotates them)."""
         T = x.shape[0]
         H, kvh, hd = self.H, self.kvh, self.hd
-        h, residual = ops.add_rms_norm(x, residual, self.input_norm, self.eps)
-        qkv = self.qkv(h)  # [T, (H + 2 kvh) * hd]
+        norm = Prologue(NORM if residual is None else ADD_NORM, residual, self.input_norm,
+                        self.eps)
+        qkv, residual = matmul(self.qkv, x, norm, ops)  # [T, (H + 2 kvh) * hd]
         if rope:
             ops.rope_(qkv[:, : (H + kvh) * hd].view(T, H + kvh, hd), cos, sin)  # in place
         q = qkv[:, : H * hd].view(T, H, hd)
@@ -106,9 +108,10 @@ class DecoderLayer(nn.Module):
     def post_attention(self, out: torch.Tensor, residual: torch.Tensor, ops: StepOps = EAGER
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """out: [T, H * hd] attention output -> (MLP output, residual), both [T, hidden]."""
-        h, residual = ops.add_rms_norm(self.o(out), residual, self.post_norm, self.eps)
-        act = ops.silu_mul(self.gate_up(h))  # [T, inter]
-        return self.down(act), residual
+        norm = Prologue(ADD_NORM, residual, self.post_norm, self.eps)
+        gate_up, residual = matmul(self.gate_up, self.o(out), norm, ops)  # [T, 2 inter]
+        y, _ = matmul(self.down, gate_up, Prologue(SILU_MUL), ops)  # silu(gate) * up first
+        return y, residual
 
     def forward(self, idx: int, x: torch.Tensor, residual: torch.Tensor | None,
                 cos: torch.Tensor, sin: torch.Tensor, attn: Attention,
@@ -261,8 +264,8 @@ class LlamaModel(nn.Module):
         """The last layer's (x, residual) [T, hidden] -> [N, vocab] float32 logits of the
         sampled rows only (the final norm is per token)."""
         x, residual = x.index_select(0, logits_indices), residual.index_select(0, logits_indices)
-        h, _ = ops.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)
-        return self.lm_head(h).float()  # [N, vocab]
+        norm = Prologue(ADD_NORM, residual, self.norm, self.cfg.rms_norm_eps)
+        return matmul(self.lm_head, x, norm, ops)[0].float()  # [N, vocab]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Attention,
                 meta: AttentionMetadata, logits_indices: torch.Tensor,

@@ -159,14 +159,17 @@ class StepOps:
     """The non-matmul, non-attention work of a layer, in one implementation.
     ``rope_in_kv_store``: where the attention backend can (Triton), RoPE is left to its
     KV-store kernel, which rotates q in place and k on its way into the cache: one launch
-    per layer instead of two, and k is read once."""
+    per layer instead of two, and k is read once. ``fuse_one_token``: a one-token step
+    runs the norms and SiLU·mul inside the matmuls that consume them
+    (``backend.layers.gemv``), where the layer has such a kernel."""
     name: str
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rope_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
     rope_in_kv_store: bool = False
+    fuse_one_token: bool = False
 
 
 EAGER = StepOps("eager", add_rms_norm_eager, rope_eager_, silu_mul_eager)
 TRITON = StepOps("triton", add_rms_norm_triton, rope_triton_, silu_mul_triton,
-                 rope_in_kv_store=True) if AVAILABLE else None
+                 rope_in_kv_store=True, fuse_one_token=True) if AVAILABLE else None

@@ -26,7 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.layers import cpu_dequant, quant_kernels
+from backend.layers import cpu_dequant, gemv, quant_kernels
+from backend.layers.fused_ops import StepOps
+from backend.layers.gemv import SILU_MUL, Prologue
 from backend.layers.quantize import GroupQuantized, check_group, quantize_int4, quantize_int8
 
 WEIGHT_DTYPES = ("auto", "bf16", "fp16", "fp32", "int8", "int4")
@@ -120,8 +122,31 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def one_token(self, x: torch.Tensor, prologue: Prologue
+                  ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """One token with ``prologue`` fused into the matmul's kernel: (y [1, N], the
+        residual to carry), or None where this layer has no such kernel."""
+        return None
+
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias
+
+
+def matmul(linear: Linear, x: torch.Tensor, prologue: Prologue, ops: StepOps
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """linear(prologue(x)) and the residual to carry (None unless the prologue is a norm).
+    At one token, where the step ops allow it and the layer has a kernel for it, one launch
+    (``gemv``); otherwise the ops' own kernels, then the layer."""
+    if ops.fuse_one_token and x.shape[0] == 1:
+        fused = linear.one_token(x, prologue)
+        if fused is not None:
+            return fused
+    if prologue.kind == SILU_MUL:
+        return linear(ops.silu_mul(x)), None
+    if prologue.normed:
+        h, residual = ops.add_rms_norm(x, prologue.residual, prologue.norm_w, prologue.eps)
+        return linear(h), residual
+    return linear(x), None
 
 
 class LinearRows:
@@ -171,6 +196,13 @@ class DenseLinear(Linear):
         # Weights stored in another dtype than the activations (--weights-dtype fp32 under
         # a bf16 model, ...): the matmul runs in the weights' dtype.
         return self._add_bias(F.linear(x.to(w.dtype), w).to(x.dtype))
+
+    def one_token(self, x: torch.Tensor, prologue: Prologue
+                  ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        if not gemv.AVAILABLE or self.weight.dtype != x.dtype or not (
+                x.is_cuda or gemv.INTERPRET):
+            return None
+        return gemv.gemv(x.contiguous(), self.weight, self.bias, prologue)
 
 
 class _QuantizedLinear(Linear):
@@ -247,6 +279,13 @@ class Int8Linear(_QuantizedLinear):
         else:
             y = F.linear(x, self.q.to(x.dtype) * self.scale.unsqueeze(1))
         return self._add_bias(y)  # [T, N]
+
+    def one_token(self, x: torch.Tensor, prologue: Prologue
+                  ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        if self.device.type != "cuda" or not quant_kernels.AVAILABLE:
+            return None  # the CPU runs torch's packed kernels
+        fused = quant_kernels.int8_gemv_fused(x.contiguous(), self.q, self.scale, prologue)
+        return None if fused is None else (self._add_bias(fused[0]), fused[1])
 
 
 class Int4Linear(_QuantizedLinear):

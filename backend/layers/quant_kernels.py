@@ -43,6 +43,11 @@ try:
 except ImportError:  # CPU-only installs: the CPU packed ops need no Triton
     triton = None
 
+from backend.layers.gemv import NONE, Prologue
+
+if triton is not None:
+    from backend.layers.gemv import norm_scale, prologue_values
+
 AVAILABLE = triton is not None and (torch.cuda.is_available()
                                     or os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -91,6 +96,15 @@ CONFIGS: dict[str, dict[int, dict]] = {
     "int4-g128": {1: dict(BLOCK_N=64, BYTES=128, MAGIC=1, WORDS=1, STAGES=3, PROGRAMS_PER_SM=2,
                           SPLIT_GEMV=1, num_warps=4, num_stages=3),
                   **{m: dict(_INT4_GEMM, SPLIT_TARGET=1) for m in (16, 32, 64, 128)}},
+}
+# The int8 one-token GEMV with its prologue fused (``int8_gemv_fused``), per (N, K): only
+# where ``benchmarks.one_token_gemv`` measured it faster than the separate prologue kernel
+# then the GEMV (H200, Llama-2-7B: qkv 16.4 vs 19.0 us, o 6.9 vs 7.0; gate_up and down
+# lost, 30.6 vs 29.4 and 17.3 vs 15.1: every program redoes the prologue's loads for its
+# rows, four strided loads per word). Other shapes run the steps apart.
+INT8_FUSED: dict[tuple[int, int], dict] = {
+    (12288, 4096): dict(BLOCK_N=16, BLOCK_K=512, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),
+    (4096, 4096): dict(BLOCK_N=8, BLOCK_K=1024, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),
 }
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -185,19 +199,23 @@ if triton is not None:
         return (w & MASK).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, N, kw, W_SPLIT, BLOCK_N: tl.constexpr,
-                         BLOCK_W: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
-                         PARTIAL: tl.constexpr):
+    def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, N, kw, W_SPLIT, r_ptr, nw_ptr, ro_ptr,
+                         eps, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+                         EVEN: tl.constexpr, STAGES: tl.constexpr, PARTIAL: tl.constexpr,
+                         PRO: tl.constexpr):
         # q read as int32 words [N, K / 4] (word i: columns 4i..4i+3). XOR 0x80 per byte
         # gives u = q + 128 in 0..255; byte b decodes with one AND (``_subnormal``, the top
         # byte after a shift by 8) and its x is pre-scaled by 2^(100 - P), so each product
         # is u * x * 2^-49; y = scale * (2^49 * sum u x - 128 * sum x). kw = K / 4; program
         # (i, k) covers words [k W_SPLIT, (k + 1) W_SPLIT) (PARTIAL: fp32 sums [splits, N]).
+        # PRO: the activation's prologue (``gemv.prologue_values``; a norm needs one split).
         pid_k = tl.program_id(1)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         ri = tl.arange(0, BLOCK_W)
         acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
         xs = tl.zeros((BLOCK_W,), dtype=tl.float32)
+        ss = tl.zeros((BLOCK_W,), dtype=tl.float32)
+        store_end = (tl.program_id(0) == 0).to(tl.int32) * 4 * kw
         for i0 in tl.range(pid_k * W_SPLIT, tl.minimum(kw, (pid_k + 1) * W_SPLIT), BLOCK_W,
                            num_stages=STAGES):
             wi = i0 + ri  # [BW] word index
@@ -209,7 +227,11 @@ if triton is not None:
             u = w ^ -0x7F7F7F80  # 0x80808080 as int32
             u8 = u >> 8
             for b in tl.static_range(4):
-                if EVEN:
+                if PRO != 0:
+                    x, sx = prologue_values(x_ptr, r_ptr, nw_ptr, ro_ptr, 4 * wi + b, wi < kw,
+                                            4 * kw, store_end, PRO)
+                    ss += sx * sx
+                elif EVEN:
                     x = tl.load(x_ptr + 4 * wi + b).to(tl.float32)
                 else:
                     x = tl.load(x_ptr + 4 * wi + b, mask=wi < kw, other=0.0).to(tl.float32)
@@ -223,6 +245,7 @@ if triton is not None:
                 acc += f * x[None, :]
         t = tl.sum(acc, axis=1) * (2.0 ** 49) - 128.0 * tl.sum(xs, axis=0)  # [BN]
         s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        s = s * norm_scale(tl.sum(ss, axis=0), 4 * kw, eps, PRO)
         _store_row(y_ptr, t * s, rn, pid_k, N, PARTIAL)
 
     @triton.jit
@@ -540,9 +563,9 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
             bn, split, per = _gemv_grid(cfg, N, K // 4, bw, x.device)
             y, out = _gemm_out(x, M, N, split)
             _int8_gemv_words[(triton.cdiv(N, bn), split)](
-                x, q.view(torch.int32), scale, out, N, K // 4, per, BLOCK_N=bn, BLOCK_W=bw,
-                EVEN=N % bn == 0 and (K // 4) % bw == 0, STAGES=cfg.get("STAGES", 1),
-                PARTIAL=split > 1, **_launch_opts(cfg))
+                x, q.view(torch.int32), scale, out, N, K // 4, per, x, x, x, 0.0, BLOCK_N=bn,
+                BLOCK_W=bw, EVEN=N % bn == 0 and (K // 4) % bw == 0,
+                STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, PRO=NONE, **_launch_opts(cfg))
             return _finish(y, out, split)
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         _int8_gemv[(triton.cdiv(N, bn),)](
@@ -556,6 +579,31 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
         x, q, scale, out, M, N, K, k_split, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk,
         PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0), **_launch_opts(cfg))
     return _finish(y, out, split)
+
+
+def int8_gemv_fused(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                    prologue: Prologue, config: dict | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """One token through the word-wise int8 GEMV with ``prologue`` fused in (see
+    ``gemv``): (y [1, N], the residual to carry) or None where the shape has no entry in
+    ``INT8_FUSED`` (and no config is given) or the config is not word-wise or splits K (a
+    norm needs whole rows), so the caller runs the steps apart."""
+    K = prologue.in_features(x)
+    N = q.shape[0]
+    cfg = config or INT8_FUSED.get((N, K))
+    if not (cfg and cfg.get("WORDS") and "MAGIC" in cfg and K % 4 == 0 and x.shape[0] == 1):
+        return None
+    bw = cfg["BLOCK_K"] // 4
+    bn, split, per = _gemv_grid(cfg, N, K // 4, bw, x.device)
+    if split > 1:
+        return None
+    r_in, nw, r_out, carried = prologue.args(x)
+    y = torch.empty(1, N, device=x.device, dtype=x.dtype)
+    _int8_gemv_words[(triton.cdiv(N, bn), 1)](
+        x, q.view(torch.int32), scale, y, N, K // 4, per, r_in, nw, r_out, prologue.eps,
+        BLOCK_N=bn, BLOCK_W=bw, EVEN=N % bn == 0 and (K // 4) % bw == 0,
+        STAGES=cfg.get("STAGES", 1), PARTIAL=False, PRO=prologue.kind, **_launch_opts(cfg))
+    return y, (carried if prologue.normed else None)
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,

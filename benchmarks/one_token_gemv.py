@@ -1,0 +1,296 @@
+"""One-token matmuls with their prologue fused (``backend.layers.gemv``) against the
+unfused steps, on Llama-2-7B's shapes, in one GPU process.
+
+1. Copy bandwidth (the floor's rate).
+2. Per layer (qkv, o, gate_up, down, LM head, each with the prologue it has in the model):
+   cuBLAS alone, the unfused steps (our Triton norm / SiLU·mul kernel, then cuBLAS), and
+   every tile variant of the fused bf16 GEMV; int8: the word-wise GEMV after the separate
+   kernel vs with the prologue fused, per variant. Enough distinct weight copies rotate
+   through each CUDA graph that no layer is served from L2 (50 MB). The fastest fused
+   variant per shape is installed in ``gemv.CONFIGS`` (and reported as ``picks``).
+3. The chain: 32 blocks of the synthetic model's real weights, attention left out (its
+   input is the block's q), one token, CUDA-graph replays: the fused one-token path
+   against the same Triton step ops without it, and the eager ops, for bf16 and int8.
+4. ``--engine``: ``benchmarks.quant.engine_level`` (the engine's step time at batch 1 and
+   64) per weight format, picks installed.
+
+    python -m benchmarks.one_token_gemv --json OUT.json [--engine bf16,int8] [--smoke]
+
+``--smoke``: tiny shapes on the CPU under ``TRITON_INTERPRET=1`` (plumbing only).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing as mp
+import time
+from functools import partial
+from itertools import cycle
+
+import torch
+import torch.nn.functional as F
+
+from backend.layers import fused_ops, gemv, quant_kernels
+from backend.layers.gemv import ADD_NORM, NONE, SILU_MUL, Prologue
+from backend.layers.linear import WeightFormat
+from backend.layers.quantize import quantize_int8
+from backend.model import LlamaModel
+from backend.weights.presets import PRESETS
+from benchmarks.quant import engine_level, graph_time_us
+from benchmarks.quant_sweep import copy_gbs
+
+SHAPES_7B = (("qkv", 12288, 4096, ADD_NORM), ("o", 4096, 4096, NONE),
+             ("gate_up", 22016, 4096, ADD_NORM), ("down", 4096, 11008, SILU_MUL),
+             ("lm_head", 32000, 4096, ADD_NORM))
+SHAPES_SMOKE = (("a", 48, 256, ADD_NORM), ("b", 40, 128, SILU_MUL))
+# bf16 GEMV tiles: (BLOCK_N, BLOCK_K, STAGES, num_warps)
+BF16 = ((2, 2048, 3, 4), (4, 1024, 3, 4), (4, 512, 3, 4), (8, 256, 3, 4), (8, 512, 1, 4),
+        (8, 512, 3, 4), (8, 512, 4, 4), (8, 1024, 3, 4), (8, 1024, 3, 8), (16, 256, 3, 4),
+        (16, 512, 3, 4), (16, 512, 3, 8), (32, 256, 3, 4), (32, 128, 4, 4))
+# int8 word-wise GEMV: (BLOCK_N, BLOCK_K, STAGES, num_warps)
+INT8 = ((8, 1024, 1, 4), (8, 1024, 3, 4), (16, 512, 1, 4), (16, 512, 3, 4), (16, 1024, 1, 8),
+        (4, 2048, 1, 4), (8, 512, 1, 4), (32, 256, 3, 4))
+EPS = 1e-5
+L2_BYTES = 200 << 20  # rotate weight copies until a graph's calls touch this much
+
+
+def bf16_config(v: tuple) -> dict:
+    return dict(BLOCK_N=v[0], BLOCK_K=v[1], STAGES=v[2], num_warps=v[3])
+
+
+def int8_config(v: tuple) -> dict:
+    return dict(BLOCK_N=v[0], BLOCK_K=v[1], STAGES=v[2], num_warps=v[3], MAGIC=1, WORDS=1,
+                num_stages=3)
+
+
+def _inputs(kind: int, K: int, device, dtype) -> tuple[torch.Tensor, Prologue]:
+    x = torch.randn(1, 2 * K if kind == SILU_MUL else K, device=device, dtype=dtype)
+    res = torch.randn(1, K, device=device, dtype=dtype)
+    nw = torch.rand(K, device=device, dtype=dtype) + 0.5
+    return x, Prologue(kind, res if kind == ADD_NORM else None,
+                       nw if kind != NONE and kind != SILU_MUL else None, EPS)
+
+
+def unfused(x: torch.Tensor, prologue: Prologue, linear) -> torch.Tensor:
+    """The separate Triton prologue kernel, then ``linear`` (the path without fusion)."""
+    if prologue.kind == SILU_MUL:
+        x = fused_ops.silu_mul_triton(x)
+    elif prologue.normed:
+        x, _ = fused_ops.add_rms_norm_triton(x, prologue.residual, prologue.norm_w, EPS)
+    return linear(x)
+
+
+def _time_rotating(calls: list, device) -> float:
+    """µs per call of zero-argument ``calls`` run in turn (one per weight copy)."""
+    turn = cycle(calls)
+    return _time(lambda: next(turn)(), len(calls), device)
+
+
+def _time(fn, n_copies: int, device) -> float:
+    if device.type != "cuda":
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
+    return graph_time_us(fn, iters=max(20, 2 * n_copies))
+
+
+def _warm(args: tuple) -> list[str]:
+    """Compile the variants of a slice of the shapes in a worker (Triton's disk cache)."""
+    shapes, smoke = args
+    device = torch.device("cpu" if smoke else "cuda")
+    dtype = torch.float32 if smoke else torch.bfloat16
+    errors = []
+    for name, N, K, kind in shapes:
+        x, pro = _inputs(kind, K, device, dtype)
+        w = torch.randn(N, K, device=device, dtype=dtype)
+        q = torch.randint(-127, 127, (N, K), dtype=torch.int8, device=device)
+        s = torch.rand(N, device=device, dtype=dtype)
+        for v in BF16:
+            for p in (pro, Prologue()):
+                try:
+                    gemv.gemv(x if p.kind else x[:, :K].contiguous(), w, None, p,
+                              bf16_config(v))
+                except Exception as exc:
+                    errors.append(f"bf16 {name} {v}: {exc!r}"[:300])
+        for v in INT8:
+            try:
+                quant_kernels.int8_gemv_fused(x, q, s, pro, int8_config(v))
+                quant_kernels.int8_matmul(x[:, :K].contiguous(), q, s, int8_config(v))
+            except Exception as exc:
+                errors.append(f"int8 {name} {v}: {exc!r}"[:300])
+    if not smoke:
+        torch.cuda.synchronize()
+    return errors
+
+
+def precompile(shapes, smoke: bool, workers: int) -> list[str]:
+    if smoke:
+        return _warm((shapes, smoke))
+    chunks = [(shapes[i::workers], smoke) for i in range(min(workers, len(shapes)))]
+    with mp.get_context("spawn").Pool(len(chunks)) as pool:
+        return [e for errs in pool.map(_warm, chunks) for e in errs]
+
+
+def layer_level(shapes, device, dtype) -> tuple[list[dict], dict, dict]:
+    """(a row per shape, bf16 picks, int8 picks: shapes where fusing won)"""
+    rows, picks, picks8 = [], {}, {}
+    for name, N, K, kind in shapes:
+        n = max(1, -(-L2_BYTES // (N * K * 2)))
+        ws = [torch.randn(N, K, device=device, dtype=dtype) * 0.02 for _ in range(n)]
+        x, pro = _inputs(kind, K, device, dtype)
+        row = {"shape": name, "N": N, "K": K, "prologue": kind, "copies": n,
+               "weight_mb": round(N * K * 2 / 1e6, 1)}
+        xk = x if kind != SILU_MUL else fused_ops.silu_mul_triton(x)
+        row["cublas_us"] = _time_rotating([partial(F.linear, xk, w) for w in ws], device)
+        row["unfused_us"] = _time_rotating(
+            [partial(unfused, x, pro, partial(F.linear, weight=w)) for w in ws], device)
+        ref = unfused(x, pro, partial(F.linear, weight=ws[0])).float()
+        fused = {}
+        for v in BF16:
+            cfg = bf16_config(v)
+            try:
+                y, _ = gemv.gemv(x, ws[0], None, pro, cfg)
+                err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
+                if err > 3e-2:
+                    raise AssertionError(f"relative error {err:.3g}")
+                fused[str(v)] = _time_rotating(
+                    [partial(gemv.gemv, x, w, None, pro, cfg) for w in ws], device)
+            except Exception as exc:
+                fused[str(v)] = repr(exc)[:200]
+        timed = {k: t for k, t in fused.items() if isinstance(t, float)}
+        best = min(timed, key=timed.get)
+        picks[(N, K)] = bf16_config(next(v for v in BF16 if str(v) == best))
+        row.update(fused_us=fused, best=best, best_us=timed[best])
+        # int8: same weights quantised, the current one-token config and the variants
+        qs = [quantize_int8(w.float()) for w in ws[: max(1, n // 2)]]
+        qs = [(q, s.to(dtype)) for q, s in qs]
+        row["int8_unfused_us"] = _time_rotating([partial(
+            unfused, x, pro, partial(quant_kernels.int8_matmul, q=q, scale=s)) for q, s in qs],
+            device)
+        i8 = {}
+        for v in INT8:
+            cfg = int8_config(v)
+            try:
+                out = quant_kernels.int8_gemv_fused(x, *qs[0], pro, cfg)
+                if out is None:
+                    raise ValueError("not fusable")
+                i8[str(v)] = _time_rotating(
+                    [partial(quant_kernels.int8_gemv_fused, x, q, s, pro, cfg) for q, s in qs],
+                    device)
+            except Exception as exc:
+                i8[str(v)] = repr(exc)[:200]
+        row["int8_fused_us"] = i8
+        t8 = {k: t for k, t in i8.items() if isinstance(t, float)}
+        best8 = min(t8, key=t8.get)
+        row["int8_pick"] = best8 if t8[best8] < row["int8_unfused_us"] else "unfused"
+        if row["int8_pick"] != "unfused":
+            picks8[(N, K)] = int8_config(next(v for v in INT8 if str(v) == best8))
+        rows.append(row)
+        del ws, qs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, picks, picks8
+
+
+def chain_level(weights: str, device, dtype, preset: str = "llama-2-7b") -> dict:
+    """Per-token time of every block's matmuls and prologues (attention left out) and the
+    LM head, through the model's own code, per step-ops variant."""
+    cfg = PRESETS[preset]
+    model = LlamaModel(cfg, device, dtype, max_len=64,
+                       weight_format=WeightFormat.parse(weights))
+    x0 = torch.randn(1, cfg.hidden_size, device=device, dtype=dtype)
+    cos, sin = model.cos_table[:1], model.sin_table[:1]
+    rows = torch.zeros(1, dtype=torch.long, device=device)
+
+    def step(ops):
+        x, residual = x0, None
+        for layer in model.layers:
+            q, _, _, residual = layer.pre_attention(x, residual, cos, sin, ops, rope=False)
+            x, residual = layer.post_attention(q.reshape(1, -1), residual, ops)
+        return model.head(x, residual, rows, ops)
+
+    variants = {"fused": fused_ops.TRITON,
+                "triton_unfused": dataclasses.replace(fused_ops.TRITON, fuse_one_token=False),
+                "eager": fused_ops.EAGER}
+    out = {"weights": weights}
+    with torch.inference_mode():
+        ref = step(fused_ops.EAGER).float()
+        ref32 = None
+        if weights == "bf16" and device.type == "cuda":
+            # the same weights in fp32, eager: how far each bf16 way is from exact
+            model.float()
+            x0 = x0.float()
+            cos, sin = model.cos_table[:1], model.sin_table[:1]
+            ref32 = step(fused_ops.EAGER).float()
+            model.to(dtype)
+            x0 = x0.to(dtype)
+            cos, sin = model.cos_table[:1], model.sin_table[:1]
+        for name, ops in variants.items():
+            got = step(ops).float()
+            out[f"{name}_logits_rel_err"] = round(
+                ((got - ref).abs().max() / ref.abs().max()).item(), 5)
+            if ref32 is not None:
+                out[f"{name}_vs_fp32_rel_err"] = round(
+                    ((got - ref32).abs().max() / ref32.abs().max()).item(), 5)
+                out[f"{name}_vs_fp32_top1"] = bool(got.argmax() == ref32.argmax())
+            out[f"{name}_us"] = _time(partial(step, ops), 0, device) if device.type == "cuda" \
+                else None
+    return out  # the model goes with this frame (step's closure holds it until then)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--engine", default="", help="weight formats for the engine, e.g. bf16,int8")
+    ap.add_argument("--chain", default="bf16,int8")
+    ap.add_argument("--workers", type=int, default=5)
+    ap.add_argument("--install", action="store_true",
+                    help="run the chain and engine with this run's picks, not the committed")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
+    device = torch.device("cpu" if args.smoke else "cuda")
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    shapes = SHAPES_SMOKE if args.smoke else SHAPES_7B
+    t0 = time.perf_counter()
+    result: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                    "torch": torch.__version__}
+    result["copy_gbs"] = copy_gbs(device)
+    result["compile_errors"] = precompile(shapes, args.smoke, args.workers)
+    result["compile_s"] = round(time.perf_counter() - t0, 1)
+    rows, picks, picks8 = layer_level(shapes, device, dtype)
+    result["layers"] = rows
+    result["committed"] = {"bf16": {f"{n}x{k}": c for (n, k), c in gemv.CONFIGS.items()},
+                           "int8": {f"{n}x{k}": c for (n, k), c in
+                                    quant_kernels.INT8_FUSED.items()}}
+    result["picks"] = {"bf16": {f"{n}x{k}": c for (n, k), c in picks.items()},
+                       "int8": {f"{n}x{k}": c for (n, k), c in picks8.items()}}
+    if args.install:
+        gemv.CONFIGS.update(picks)
+        quant_kernels.INT8_FUSED.clear()
+        quant_kernels.INT8_FUSED.update(picks8)
+    if not args.smoke:
+        result["chain"] = []
+        for w in args.chain.split(","):
+            if w:
+                result["chain"].append(chain_level(w, device, dtype))
+                torch.cuda.empty_cache()
+    result["engine"] = [engine_level(w, 32) for w in args.engine.split(",") if w]
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"copy {result['copy_gbs']} GB/s; compile errors {len(result['compile_errors'])}")
+    for r in rows:
+        print(f"{r['shape']:8s} cublas {r['cublas_us']:7.1f} unfused {r['unfused_us']:7.1f} "
+              f"fused best {r['best_us']:7.1f} {r['best']}  int8 unfused "
+              f"{r['int8_unfused_us']:7.1f} pick {r['int8_pick']} fused "
+              + " ".join(f"{v:.1f}" if isinstance(v, float) else "x"
+                         for v in r["int8_fused_us"].values()))
+    for c in result.get("chain", []):
+        print(json.dumps(c))
+    for e in result["engine"]:
+        print(json.dumps(e))
+
+
+if __name__ == "__main__":
+    main()
