@@ -108,8 +108,9 @@ class DecoderLayer(nn.Module):
     def post_attention(self, out: torch.Tensor, residual: torch.Tensor, ops: StepOps = EAGER
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """out: [T, H * hd] attention output -> (MLP output, residual), both [T, hidden]."""
+        attn_out, _ = matmul(self.o, out, Prologue(), ops)  # [T, hidden]
         norm = Prologue(ADD_NORM, residual, self.post_norm, self.eps)
-        gate_up, residual = matmul(self.gate_up, self.o(out), norm, ops)  # [T, 2 inter]
+        gate_up, residual = matmul(self.gate_up, attn_out, norm, ops)  # [T, 2 inter]
         y, _ = matmul(self.down, gate_up, Prologue(SILU_MUL), ops)  # silu(gate) * up first
         return y, residual
 

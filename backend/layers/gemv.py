@@ -87,8 +87,8 @@ if triton is not None:
                         PRO: tl.constexpr):
         """(a, s) in fp32 at columns k ([...] int, ``mask`` where in range): a the GEMV's
         activation before RMSNorm's per-token scale, s the value whose squares make that
-        scale (NORM / ADD_NORM). ADD_NORM writes s (the next residual) at columns below ``store_end`` (K in the
-        program that writes it, 0 in the others)."""
+        scale (NORM / ADD_NORM). ADD_NORM writes s (the next residual) at columns below
+        ``store_end`` (K in the program that writes it, 0 in the others)."""
         if PRO == 3:  # SILU_MUL
             g = tl.load(x_ptr + k, mask=mask, other=0.0)
             u = tl.load(x_ptr + K + k, mask=mask, other=0.0)
