@@ -6,15 +6,17 @@ unfused steps, on Llama-2-7B's shapes, in one GPU process.
    cuBLAS alone, the unfused steps (our Triton norm / SiLU·mul kernel, then cuBLAS), and
    every tile variant of the fused bf16 GEMV; int8: the word-wise GEMV after the separate
    kernel vs with the prologue fused, per variant. Enough distinct weight copies rotate
-   through each CUDA graph that no layer is served from L2 (50 MB). The fastest fused
-   variant per shape is installed in ``gemv.CONFIGS`` (and reported as ``picks``).
+   through each CUDA graph that no layer is served from L2 (50 MB). The fastest variant
+   per shape is reported (``picks``); ``--install`` runs steps 3 and 4 with the picks
+   instead of the committed tables (``gemv.CONFIGS``, ``quant_kernels.INT8_FUSED``).
 3. The chain: 32 blocks of the synthetic model's real weights, attention left out (its
    input is the block's q), one token, CUDA-graph replays: the fused one-token path
    against the same Triton step ops without it, and the eager ops, for bf16 and int8.
 4. ``--engine``: ``benchmarks.quant.engine_level`` (the engine's step time at batch 1 and
-   64) per weight format, picks installed.
+   64) per weight format.
 
-    python -m benchmarks.one_token_gemv --json OUT.json [--engine bf16,int8] [--smoke]
+    python -m benchmarks.one_token_gemv --json OUT.json [--engine bf16,int8] [--install]
+        [--smoke]
 
 ``--smoke``: tiny shapes on the CPU under ``TRITON_INTERPRET=1`` (plumbing only).
 """
