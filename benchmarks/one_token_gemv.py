@@ -4,11 +4,12 @@ unfused steps, on Llama-2-7B's shapes, in one GPU process.
 1. Copy bandwidth (the floor's rate).
 2. Per layer (qkv, o, gate_up, down, LM head, each with the prologue it has in the model):
    cuBLAS alone, the unfused steps (our Triton norm / SiLU·mul kernel, then cuBLAS), and
-   every tile variant of the fused bf16 GEMV; int8: the word-wise GEMV after the separate
-   kernel vs with the prologue fused, per variant. Enough distinct weight copies rotate
-   through each CUDA graph that no layer is served from L2 (50 MB). The fastest variant
-   per shape is reported (``picks``); ``--install`` runs steps 3 and 4 with the picks
-   instead of the committed tables (``gemv.CONFIGS``, ``quant_kernels.INT8_FUSED``).
+   every tile variant of the fused bf16 GEMV. Enough distinct weight copies rotate
+   through each CUDA graph that no layer is served from L2 (50 MB). int8: every one-token
+   GEMV variant of ``benchmarks.quant_sweep``, after the separate prologue kernel and (the
+   word-wise ones) with the prologue fused. The fastest variant per shape is reported
+   (``picks``); ``--install`` runs steps 3 and 4 with the picks instead of the committed
+   tables (``gemv.CONFIGS``, ``quant_kernels.INT8_FUSED``).
 3. The chain: 32 blocks of the synthetic model's real weights, attention left out (its
    input is the block's q), one token, CUDA-graph replays: the fused one-token path
    against the same Triton step ops without it, and the eager ops, for bf16 and int8.
@@ -41,6 +42,7 @@ from backend.model import LlamaModel
 from backend.weights.presets import PRESETS
 from benchmarks.quant import engine_level, graph_time_us
 from benchmarks.quant_sweep import copy_gbs
+from benchmarks.quant_sweep import variants as quant_variants
 
 SHAPES_7B = (("qkv", 12288, 4096, ADD_NORM), ("o", 4096, 4096, NONE),
              ("gate_up", 22016, 4096, ADD_NORM), ("down", 4096, 11008, SILU_MUL),
@@ -50,20 +52,16 @@ SHAPES_SMOKE = (("a", 48, 256, ADD_NORM), ("b", 40, 128, SILU_MUL))
 BF16 = ((2, 2048, 3, 4), (4, 1024, 3, 4), (4, 512, 3, 4), (8, 256, 3, 4), (8, 512, 1, 4),
         (8, 512, 3, 4), (8, 512, 4, 4), (8, 1024, 3, 4), (8, 1024, 3, 8), (16, 256, 3, 4),
         (16, 512, 3, 4), (16, 512, 3, 8), (32, 256, 3, 4), (32, 128, 4, 4))
-# int8 word-wise GEMV: (BLOCK_N, BLOCK_K, STAGES, num_warps)
-INT8 = ((8, 1024, 1, 4), (8, 1024, 3, 4), (16, 512, 1, 4), (16, 512, 3, 4), (16, 1024, 1, 8),
-        (4, 2048, 1, 4), (8, 512, 1, 4), (32, 256, 3, 4))
+# int8 at one token: every GEMV variant ``benchmarks.quant_sweep`` tries (the word-wise ones
+# also with the prologue fused)
+INT8 = [{k: v for k, v in cfg.items() if k != "kind"}
+        for cfg in quant_variants("int8", 1) if cfg["kind"] == "triton" and "MAGIC" in cfg]
 EPS = 1e-5
 L2_BYTES = 200 << 20  # rotate weight copies until a graph's calls touch this much
 
 
 def bf16_config(v: tuple) -> dict:
     return dict(BLOCK_N=v[0], BLOCK_K=v[1], STAGES=v[2], num_warps=v[3])
-
-
-def int8_config(v: tuple) -> dict:
-    return dict(BLOCK_N=v[0], BLOCK_K=v[1], STAGES=v[2], num_warps=v[3], MAGIC=1, WORDS=1,
-                num_stages=3)
 
 
 def _inputs(kind: int, K: int, device, dtype) -> tuple[torch.Tensor, Prologue]:
@@ -115,12 +113,12 @@ def _warm(args: tuple) -> list[str]:
                               bf16_config(v))
                 except Exception as exc:
                     errors.append(f"bf16 {name} {v}: {exc!r}"[:300])
-        for v in INT8:
+        for cfg in INT8:
             try:
-                quant_kernels.int8_gemv_fused(x, q, s, pro, int8_config(v))
-                quant_kernels.int8_matmul(x[:, :K].contiguous(), q, s, int8_config(v))
+                quant_kernels.int8_gemv_fused(x, q, s, pro, cfg)
+                quant_kernels.int8_matmul(x[:, :K].contiguous(), q, s, cfg)
             except Exception as exc:
-                errors.append(f"int8 {name} {v}: {exc!r}"[:300])
+                errors.append(f"int8 {name} {cfg}: {exc!r}"[:300])
     if not smoke:
         torch.cuda.synchronize()
     return errors
@@ -164,32 +162,43 @@ def layer_level(shapes, device, dtype) -> tuple[list[dict], dict, dict]:
         best = min(timed, key=timed.get)
         picks[(N, K)] = bf16_config(next(v for v in BF16 if str(v) == best))
         row.update(fused_us=fused, best=best, best_us=timed[best])
-        # int8: same weights quantised, the current one-token config and the variants
-        qs = [quantize_int8(w.float()) for w in ws[: max(1, n // 2)]]
+        del ws
+        # int8: enough distinct codes to rotate past L2 too (half the bytes of bf16)
+        n8 = max(1, -(-L2_BYTES // (N * K)))
+        qs = [quantize_int8(torch.randn(N, K, device=device) * 0.02) for _ in range(n8)]
         qs = [(q, s.to(dtype)) for q, s in qs]
-        row["int8_unfused_us"] = _time_rotating([partial(
+        row["int8_copies"] = n8
+        row["int8_unfused_us"] = _time_rotating([partial(  # the committed one-token path
             unfused, x, pro, partial(quant_kernels.int8_matmul, q=q, scale=s)) for q, s in qs],
             device)
-        i8 = {}
-        for v in INT8:
-            cfg = int8_config(v)
-            try:
-                out = quant_kernels.int8_gemv_fused(x, *qs[0], pro, cfg)
-                if out is None:
-                    raise ValueError("not fusable")
-                i8[str(v)] = _time_rotating(
-                    [partial(quant_kernels.int8_gemv_fused, x, q, s, pro, cfg) for q, s in qs],
-                    device)
-            except Exception as exc:
-                i8[str(v)] = repr(exc)[:200]
-        row["int8_fused_us"] = i8
-        t8 = {k: t for k, t in i8.items() if isinstance(t, float)}
-        best8 = min(t8, key=t8.get)
-        row["int8_pick"] = best8 if t8[best8] < row["int8_unfused_us"] else "unfused"
-        if row["int8_pick"] != "unfused":
-            picks8[(N, K)] = int8_config(next(v for v in INT8 if str(v) == best8))
+        ref8 = unfused(x, pro, partial(quant_kernels.int8_matmul, q=qs[0][0],
+                                       scale=qs[0][1])).float()
+        options, times = {}, {"unfused": {}, "fused": {}}
+        for i, cfg in enumerate(INT8):
+            for way in ("unfused", "fused"):
+                calls = [partial(unfused, x, pro, partial(quant_kernels.int8_matmul, q=q,
+                                                          scale=s, config=cfg))
+                         if way == "unfused" else
+                         partial(quant_kernels.int8_gemv_fused, x, q, s, pro, cfg)
+                         for q, s in qs]
+                try:
+                    y = calls[0]()
+                    if y is None:
+                        continue  # not word-wise, or splits K: no fused form
+                    y = y[0] if isinstance(y, tuple) else y
+                    err = ((y.float() - ref8).abs().max() / ref8.abs().max()).item()
+                    if err > 3e-2:
+                        raise AssertionError(f"relative error {err:.3g}")
+                    times[way][i] = options[(way, i)] = _time_rotating(calls, device)
+                except Exception as exc:
+                    times[way][i] = repr(exc)[:200]
+        row["int8_variants"] = INT8
+        row["int8_variant_us"] = times
+        way, i = min(options, key=options.get)
+        row["int8_pick"], row["int8_pick_us"] = f"{way} {i}", options[(way, i)]
+        picks8[(N, K)] = (way, INT8[i])
         rows.append(row)
-        del ws, qs
+        del qs
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows, picks, picks8
@@ -263,14 +272,18 @@ def main(argv: list[str] | None = None) -> None:
     rows, picks, picks8 = layer_level(shapes, device, dtype)
     result["layers"] = rows
     result["committed"] = {"bf16": {f"{n}x{k}": c for (n, k), c in gemv.CONFIGS.items()},
-                           "int8": {f"{n}x{k}": c for (n, k), c in
-                                    quant_kernels.INT8_FUSED.items()}}
+                           "int8 fused": {f"{n}x{k}": c for (n, k), c in
+                                          quant_kernels.INT8_FUSED.items()},
+                           "int8 gemv": quant_kernels.CONFIGS["int8"][1]}
     result["picks"] = {"bf16": {f"{n}x{k}": c for (n, k), c in picks.items()},
                        "int8": {f"{n}x{k}": c for (n, k), c in picks8.items()}}
     if args.install:
         gemv.CONFIGS.update(picks)
+        # int8: the shapes whose pick is fused; an unfused pick is reported only (the
+        # one-token GEMV has one config for every shape, ``CONFIGS["int8"][1]``)
         quant_kernels.INT8_FUSED.clear()
-        quant_kernels.INT8_FUSED.update(picks8)
+        quant_kernels.INT8_FUSED.update({key: cfg for key, (way, cfg) in picks8.items()
+                                         if way == "fused"})
     if not args.smoke:
         result["chain"] = []
         for w in args.chain.split(","):
@@ -285,9 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         print(f"{r['shape']:8s} cublas {r['cublas_us']:7.1f} unfused {r['unfused_us']:7.1f} "
               f"fused best {r['best_us']:7.1f} {r['best']}  int8 unfused "
-              f"{r['int8_unfused_us']:7.1f} pick {r['int8_pick']} fused "
-              + " ".join(f"{v:.1f}" if isinstance(v, float) else "x"
-                         for v in r["int8_fused_us"].values()))
+              f"{r['int8_unfused_us']:7.1f} pick {r['int8_pick']} {r['int8_pick_us']:.1f}")
     for c in result.get("chain", []):
         print(json.dumps(c))
     for e in result["engine"]:

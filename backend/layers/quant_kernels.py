@@ -99,9 +99,10 @@ CONFIGS: dict[str, dict[int, dict]] = {
 }
 # The int8 one-token GEMV with its prologue fused (``int8_gemv_fused``), per (N, K): only
 # where ``benchmarks.one_token_gemv`` measured it faster than the separate prologue kernel
-# then the GEMV (H200, Llama-2-7B: qkv 16.4 vs 19.0 us, o 6.9 vs 7.0; gate_up and down
-# lost, 30.6 vs 29.4 and 17.3 vs 15.1: every program redoes the prologue's loads for its
-# rows, four strided loads per word). Other shapes run the steps apart.
+# then the GEMV (H200, Llama-2-7B, weights rotated past L2: qkv 17.7 vs 19.4 us; o has no
+# prologue, the same kernel either way; gate_up and down lost, 30.2 vs 29.0 and 20.0 vs
+# 17.9: every program redoes the prologue's loads for its rows, four strided loads per
+# word). Other shapes run the steps apart.
 INT8_FUSED: dict[tuple[int, int], dict] = {
     (12288, 4096): dict(BLOCK_N=16, BLOCK_K=512, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),
     (4096, 4096): dict(BLOCK_N=8, BLOCK_K=1024, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),

@@ -24,6 +24,8 @@ def test_every_variant_runs_and_picks_come_out(tmp_path):
     for row in result["layers"]:
         # a variant's entry is its time, or the error (a mismatch is an AssertionError)
         assert all(isinstance(t, float) for t in row["fused_us"].values()), row["fused_us"]
-        assert all(isinstance(t, float) for t in row["int8_fused_us"].values()), row
+        for way in ("unfused", "fused"):  # every variant of each way ran and matched
+            assert all(isinstance(t, float) for t in row["int8_variant_us"][way].values()), row
+        assert len(row["int8_variant_us"]["unfused"]) == len(row["int8_variants"])
         assert row["best"] in row["fused_us"]
     assert set(result["picks"]["bf16"]) == {f"{r['N']}x{r['K']}" for r in result["layers"]}
