@@ -108,11 +108,14 @@ class ModelRunner:
         c = self.config
         return min(c.cuda_graph_max_tokens, c.max_prefill_tokens or c.max_num_batched_tokens)
 
-    def weights_info(self) -> tuple[str, str, str]:
-        """(linear weights' format, the kernel that runs them, the LM head's format)."""
+    def weights_info(self) -> tuple[str, str, str, str]:
+        """(linear weights' format, the kernel that runs them, the LM head's format, the
+        kernel of one-token steps), the kernels as the first layer's qkv runs them."""
         m = self.model
-        return (m.weight_format.describe(self.dtype), m.layers[0].qkv.kernel,
-                m.lm_head_format.describe(self.dtype))
+        qkv = m.layers[0].qkv
+        return (m.weight_format.describe(self.dtype), qkv.kernel,
+                m.lm_head_format.describe(self.dtype),
+                qkv.one_token_kernel(m.ops.fuse_one_token))
 
     def _num_blocks(self, cfg) -> int:
         per_block = bytes_per_block(cfg.num_hidden_layers, self.block_size,

@@ -41,6 +41,8 @@ class EngineStats:
     weights_format: str = ""  # linear layers' weights, e.g. "bf16", "int8", "int4-g32"
     linear_kernel: str = ""  # the matmul that runs them, e.g. "torch._weight_int8pack_mm"
     lm_head_format: str = ""
+    # the matmul of one-token steps (batch-1 decode): the fused GEMV where it runs
+    one_token_kernel: str = ""
     # how the work between attention calls ran: {"enabled", "step_ops", "pieces", "seconds"}
     compile: dict = field(default_factory=dict)
     async_scheduling: bool = False  # step N+1 launched while the device runs step N

@@ -128,6 +128,10 @@ class Linear(nn.Module):
         residual to carry), or None where this layer has no such kernel."""
         return None
 
+    def one_token_kernel(self, fused: bool) -> str:
+        """The kernel a one-token step runs (``fused``: the step ops fuse where they can)."""
+        return self.kernel
+
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias
 
@@ -199,10 +203,17 @@ class DenseLinear(Linear):
 
     def one_token(self, x: torch.Tensor, prologue: Prologue
                   ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        if not gemv.AVAILABLE or self.weight.dtype != x.dtype or not (
-                x.is_cuda or gemv.INTERPRET):
+        if not self._gemv_runs(x.dtype, x.device):
             return None
         return gemv.gemv(x.contiguous(), self.weight, self.bias, prologue)
+
+    def one_token_kernel(self, fused: bool) -> str:
+        return "triton-gemv" if fused and self._gemv_runs(self.dtype, self.device) \
+            else self.kernel
+
+    def _gemv_runs(self, dtype: torch.dtype, device: torch.device) -> bool:
+        return gemv.AVAILABLE and self.weight.dtype == dtype and (
+            device.type == "cuda" or gemv.INTERPRET)
 
 
 class _QuantizedLinear(Linear):
@@ -286,6 +297,11 @@ class Int8Linear(_QuantizedLinear):
             return None  # the CPU runs torch's packed kernels
         fused = quant_kernels.int8_gemv_fused(x.contiguous(), self.q, self.scale, prologue)
         return None if fused is None else (self._add_bias(fused[0]), fused[1])
+
+    def one_token_kernel(self, fused: bool) -> str:
+        if fused and self.device.type == "cuda" and self.weight_shape in quant_kernels.INT8_FUSED:
+            return "triton-int8-fused"
+        return self.kernel
 
 
 class Int4Linear(_QuantizedLinear):

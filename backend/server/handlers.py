@@ -115,7 +115,8 @@ async def health(request: web.Request) -> web.Response:
         "status": "ok", "model": state.model_name, "attention_kernel": s.attention_kernel,
         "dtype": s.dtype, "kv_cache_dtype": state.config.engine.kv_cache_dtype,
         "weights_dtype": s.weights_format, "linear_kernel": s.linear_kernel,
-        "lm_head_dtype": s.lm_head_format, "compile": s.compile,
+        "lm_head_dtype": s.lm_head_format, "one_token_kernel": s.one_token_kernel,
+        "compile": s.compile,
         "kv_blocks_used": s.kv_blocks_used, "kv_blocks_total": s.kv_blocks_total,
         "kv_cache_usage": round(s.kv_blocks_used / s.kv_blocks_total, 4)
         if s.kv_blocks_total else 0.0,

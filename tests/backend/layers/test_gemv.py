@@ -117,3 +117,6 @@ def test_matmul_fuses_one_token_only_where_the_step_ops_ask(tokens, monkeypatch)
         torch.testing.assert_close(y, want, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(carried, want_res)
     assert len(calls) == (1 if tokens == 1 else 0)
+    # what /health reports for one-token steps, with and without the fusing step ops
+    assert (layer.one_token_kernel(True), layer.one_token_kernel(False)) == (
+        "triton-gemv", "dense")

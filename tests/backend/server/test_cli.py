@@ -80,6 +80,8 @@ def test_cli_serves_and_stops_on_sigterm():
         # the weight format and the matmul that really runs it
         assert (health["weights_dtype"], health["linear_kernel"], health["lm_head_dtype"]) == (
             "int4-g32", "torch._weight_int4pack_mm_for_cpu", "int8")
+        # the CPU runs eager step ops: one-token steps use the same packed kernel
+        assert health["one_token_kernel"] == "torch._weight_int4pack_mm_for_cpu"
         # overlap scheduling asked for on the CPU (its default there is off); no graphs
         assert (health["engine"]["async_scheduling"], health["engine"]["cuda_graphs"],
                 health["engine"]["decode_kernels_per_step"]) == (True, None, {})
