@@ -152,7 +152,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     N = weight.shape[0]
     assert x.shape[0] == 1 and weight.shape[1] == K and x.is_contiguous()
     cfg = config or CONFIGS.get((N, K), DEFAULT)
-    bn, bk = cfg["BLOCK_N"], min(cfg["BLOCK_K"], triton.next_power_of_2(K))
+    # The tiles were sized in bf16: fp32 weights take half the columns, so a pipeline stage
+    # stays at the same bytes of shared memory (GPUs with ~100 KB per block fit 3 stages).
+    bk = cfg["BLOCK_K"] // max(1, weight.element_size() // 2)
+    bn, bk = cfg["BLOCK_N"], min(bk, triton.next_power_of_2(K))
     r_in, nw, r_out, carried = prologue.args(x)
     y = torch.empty(1, N, device=x.device, dtype=x.dtype)
     opts = {} if INTERPRET else dict(num_warps=cfg["num_warps"])
