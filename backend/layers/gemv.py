@@ -69,16 +69,17 @@ class Prologue:
         return x.shape[-1] // 2 if self.kind == SILU_MUL else x.shape[-1]
 
     def args(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                             torch.Tensor]:
+                                             torch.Tensor | None]:
         """(residual in, norm weight, residual out, the residual to return) for a kernel
-        call: placeholders (x itself) where the kind has none. NORM carries x as the
-        residual (the first block's input is the stream)."""
+        call: placeholders (x itself) where the kind has none, and no residual to return
+        unless it is a norm. NORM carries x as the residual (the first block's input is the
+        stream)."""
         if self.kind == ADD_NORM:
             out = torch.empty_like(x)
             return self.residual, self.norm_w, out, out
         if self.kind == NORM:
             return x, self.norm_w, x, x
-        return x, x, x, x
+        return x, x, x, None
 
 
 if triton is not None:
@@ -163,4 +164,4 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         x, r_in, nw, r_out, weight, bias if bias is not None else weight, y, N, K,
         prologue.eps, PRO=prologue.kind, HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_K=bk,
         EVEN=N % bn == 0 and K % bk == 0, STAGES=cfg["STAGES"], **opts)
-    return y, (carried if prologue.kind in (NORM, ADD_NORM) else None)
+    return y, carried

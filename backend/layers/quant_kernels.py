@@ -99,13 +99,12 @@ CONFIGS: dict[str, dict[int, dict]] = {
 }
 # The int8 one-token GEMV with its prologue fused (``int8_gemv_fused``), per (N, K): only
 # where ``benchmarks.one_token_gemv`` measured it faster than the separate prologue kernel
-# then the GEMV (H200, Llama-2-7B, weights rotated past L2: qkv 17.7 vs 19.4 us; o has no
-# prologue, the same kernel either way; gate_up and down lost, 30.2 vs 29.0 and 20.0 vs
-# 17.9: every program redoes the prologue's loads for its rows, four strided loads per
-# word). Other shapes run the steps apart.
+# then the GEMV (H200, Llama-2-7B, weights rotated past L2: qkv 17.7 vs 19.4 us; gate_up
+# and down lost, 30.2 vs 29.0 and 20.0 vs 17.9: every program redoes the prologue's loads
+# for its rows, four strided loads per word). Other shapes run the steps apart; a layer
+# without a prologue (o) runs ``int8_matmul``'s one-token GEMV, the same kernel.
 INT8_FUSED: dict[tuple[int, int], dict] = {
     (12288, 4096): dict(BLOCK_N=16, BLOCK_K=512, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),
-    (4096, 4096): dict(BLOCK_N=8, BLOCK_K=1024, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),
 }
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -604,7 +603,7 @@ def int8_gemv_fused(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
         x, q.view(torch.int32), scale, y, N, K // 4, per, r_in, nw, r_out, prologue.eps,
         BLOCK_N=bn, BLOCK_W=bw, EVEN=N % bn == 0 and (K // 4) % bw == 0,
         STAGES=cfg.get("STAGES", 1), PARTIAL=False, PRO=prologue.kind, **_launch_opts(cfg))
-    return y, (carried if prologue.normed else None)
+    return y, carried
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
