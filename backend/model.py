@@ -121,7 +121,8 @@ class DecoderLayer(nn.Module):
         in_store = ops.rope_in_kv_store and attn.rotates_in_store
         q, k, v, residual = self.pre_attention_fn(x, residual, cos, sin, ops, not in_store)
         with stage("attention"):  # a profiler range only while a capture runs
-            out = attn.forward(idx, q, k, v, meta, (cos, sin) if in_store else None)  # [T, H * hd]
+            out = attn.forward(idx, q, k, v, meta, (cos, sin) if in_store else None,
+                               ops.dependent_launch)  # [T, H * hd]
         return self.post_attention_fn(out, residual, ops)
 
     def tensors(self, prefix: str) -> Iterator[tuple[str, torch.Tensor | LinearRows]]:

@@ -204,26 +204,29 @@ def layer_level(shapes, device, dtype) -> tuple[list[dict], dict, dict]:
     return rows, picks, picks8
 
 
-def chain_level(weights: str, device, dtype, preset: str = "llama-2-7b") -> dict:
-    """Per-token time of every block's matmuls and prologues (attention left out) and the
-    LM head, through the model's own code, per step-ops variant."""
+def chain_level(weights: str, device, dtype, preset: str = "llama-2-7b", tokens: int = 1,
+                variants: dict | None = None) -> dict:
+    """Time per step of every block's matmuls and prologues (attention left out) and the
+    LM head for ``tokens`` tokens, through the model's own code, per step-ops variant
+    (default: the fused one-token path, the Triton ops without it, the eager ops)."""
     cfg = PRESETS[preset]
-    model = LlamaModel(cfg, device, dtype, max_len=64,
+    model = LlamaModel(cfg, device, dtype, max_len=max(64, tokens),
                        weight_format=WeightFormat.parse(weights))
-    x0 = torch.randn(1, cfg.hidden_size, device=device, dtype=dtype)
-    cos, sin = model.cos_table[:1], model.sin_table[:1]
-    rows = torch.zeros(1, dtype=torch.long, device=device)
+    x0 = torch.randn(tokens, cfg.hidden_size, device=device, dtype=dtype)
+    cos, sin = model.cos_table[:tokens], model.sin_table[:tokens]
+    rows = torch.arange(tokens, dtype=torch.long, device=device)
 
     def step(ops):
         x, residual = x0, None
         for layer in model.layers:
             q, _, _, residual = layer.pre_attention(x, residual, cos, sin, ops, rope=False)
-            x, residual = layer.post_attention(q.reshape(1, -1), residual, ops)
+            x, residual = layer.post_attention(q.reshape(tokens, -1), residual, ops)
         return model.head(x, residual, rows, ops)
 
-    variants = {"fused": fused_ops.TRITON,
-                "triton_unfused": dataclasses.replace(fused_ops.TRITON, fuse_one_token=False),
-                "eager": fused_ops.EAGER}
+    variants = variants or {
+        "fused": fused_ops.TRITON,
+        "triton_unfused": dataclasses.replace(fused_ops.TRITON, fuse_one_token=False),
+        "eager": fused_ops.EAGER}
     out = {"weights": weights}
     with torch.inference_mode():
         ref = step(fused_ops.EAGER).float()
@@ -232,11 +235,11 @@ def chain_level(weights: str, device, dtype, preset: str = "llama-2-7b") -> dict
             # the same weights in fp32, eager: how far each bf16 way is from exact
             model.float()
             x0 = x0.float()
-            cos, sin = model.cos_table[:1], model.sin_table[:1]
+            cos, sin = model.cos_table[:tokens], model.sin_table[:tokens]
             ref32 = step(fused_ops.EAGER).float()
             model.to(dtype)
             x0 = x0.to(dtype)
-            cos, sin = model.cos_table[:1], model.sin_table[:1]
+            cos, sin = model.cos_table[:tokens], model.sin_table[:tokens]
         for name, ops in variants.items():
             got = step(ops).float()
             out[f"{name}_logits_rel_err"] = round(
@@ -244,7 +247,8 @@ def chain_level(weights: str, device, dtype, preset: str = "llama-2-7b") -> dict
             if ref32 is not None:
                 out[f"{name}_vs_fp32_rel_err"] = round(
                     ((got - ref32).abs().max() / ref32.abs().max()).item(), 5)
-                out[f"{name}_vs_fp32_top1"] = bool(got.argmax() == ref32.argmax())
+                out[f"{name}_vs_fp32_top1"] = bool(
+                    (got.argmax(-1) == ref32.argmax(-1)).all())
             out[f"{name}_us"] = _time(partial(step, ops), 0, device) if device.type == "cuda" \
                 else None
     return out  # the model goes with this frame (step's closure holds it until then)

@@ -172,12 +172,14 @@ class Attention:
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                dependent_launch: bool = False) -> torch.Tensor:
         """q: [T, H, hd]; k, v: [T, kvh, hd] -> [T, H * hd]. RoPE is applied to q and k
         already, or (only where ``rotates_in_store``) ``rope`` = (cos, sin) [T, hd] asks the
-        store to apply it."""
+        store to apply it. ``dependent_launch``: the Triton store and decode kernels launch
+        with programmatic dependent launch (``backend.layers.pdl``)."""
         if self.backend == "triton":
-            return self._forward_triton(layer, q, k, v, meta, rope)
+            return self._forward_triton(layer, q, k, v, meta, rope, dependent_launch)
         if rope is not None:
             raise ValueError(f"attention {self.backend!r} takes q and k with RoPE applied")
         self.kv_cache.write(layer, meta.slot_mapping, k, v)
@@ -195,19 +197,22 @@ class Attention:
 
     def _forward_triton(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         meta: AttentionMetadata,
-                        rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+                        rope: tuple[torch.Tensor, torch.Tensor] | None,
+                        dependent_launch: bool) -> torch.Tensor:
         cache = self.kv_cache
         data = cache.data[layer]
         scales = None if cache.scales is None else cache.scales[layer]
         triton_attention.store_kv(k, v, meta.slot_mapping, data, scales, cache.kv_cache_dtype,
-                                  cache.block_size, None if rope is None else (q, *rope))
+                                  cache.block_size, None if rope is None else (q, *rope),
+                                  dependent_launch)
         T = q.shape[0]
         out = torch.empty(T, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         d = meta.num_decode
         if d:
             triton_attention.paged_decode(
                 q[:d], data, scales, meta.block_tables, meta.context_lens, out, self.scale,
-                cache.block_size, cache.kv_cache_dtype, meta.extra["splits"])
+                cache.block_size, cache.kv_cache_dtype, meta.extra["splits"],
+                dependent_launch=dependent_launch)
         if meta.has_prefill:
             tables, lens, starts = meta.extra["prefill"]
             triton_attention.paged_prefill(

@@ -17,6 +17,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from backend.layers import pdl
+
 try:
     import triton
     import triton.language as tl
@@ -52,11 +54,16 @@ def silu_mul_eager(gate_up: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- Triton kernels
 if AVAILABLE:
+    from backend.layers.pdl import release as pdl_release
+    from backend.layers.pdl import wait as pdl_wait
+
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
                              stride_x, stride_r, stride_o, stride_ro, N, eps,
-                             HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                             HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         # one program per row; the whole row (hidden <= BLOCK) lives in registers
+        pdl_wait(PDL)
+        pdl_release(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < N
@@ -86,8 +93,11 @@ if AVAILABLE:
 
     @triton.jit
     def _rope_kernel(qk_ptr, cos_ptr, sin_ptr, stride_t, stride_h, stride_c, heads,
-                     HALF: tl.constexpr, HEADS_P2: tl.constexpr, HALF_P2: tl.constexpr):
+                     HALF: tl.constexpr, HEADS_P2: tl.constexpr, HALF_P2: tl.constexpr,
+                     PDL: tl.constexpr):
         # one program per token: every q and k head of the token, both halves at once
+        pdl_wait(PDL)
+        pdl_release(PDL)
         t = tl.program_id(0)
         h = tl.arange(0, HEADS_P2)[:, None]  # [HP, 1]
         d = tl.arange(0, HALF_P2)[None, :]  # [1, DP]
@@ -104,8 +114,10 @@ if AVAILABLE:
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, out_ptr, stride_g, stride_o, inter,
-                         BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, PDL: tl.constexpr):
         # grid (token, column block)
+        pdl_wait(PDL)
+        pdl_release(PDL)
         t = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < inter
@@ -128,7 +140,7 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: 
         _add_rms_norm_kernel[(T,)](x, res, weight, out, res_out, x.stride(0), res.stride(0),
                                    out.stride(0), res_out.stride(0), N, eps,
                                    HAS_RES=residual is not None,
-                                   BLOCK=triton.next_power_of_2(N))
+                                   BLOCK=triton.next_power_of_2(N), **pdl.launch(x.device))
     return out, res_out
 
 
@@ -139,7 +151,7 @@ def rope_triton_(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None
     if T:
         _rope_kernel[(T,)](qk, cos, sin, qk.stride(0), qk.stride(1), cos.stride(0), heads,
                            HALF=hd // 2, HEADS_P2=triton.next_power_of_2(heads),
-                           HALF_P2=triton.next_power_of_2(hd // 2))
+                           HALF_P2=triton.next_power_of_2(hd // 2), **pdl.launch(qk.device))
 
 
 def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
@@ -150,7 +162,8 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(inter))
     if T:
         _silu_mul_kernel[(T, triton.cdiv(inter, block))](
-            gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block)
+            gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block,
+            **pdl.launch(gate_up.device))
     return out
 
 
@@ -161,15 +174,24 @@ class StepOps:
     KV-store kernel, which rotates q in place and k on its way into the cache: one launch
     per layer instead of two, and k is read once. ``fuse_one_token``: a one-token step
     runs the norms and SiLU·mul inside the matmuls that consume them
-    (``backend.layers.gemv``), where the layer has such a kernel."""
+    (``backend.layers.gemv``), where the layer has such a kernel. ``few_token_matmul``: a
+    step of 2..``skinny_gemm.MAX_M`` tokens runs the matmuls with a measured tile there
+    through ``backend.layers.skinny_gemm`` instead of cuBLAS. ``dependent_launch``: the
+    attention kernels launch with programmatic dependent launch (``backend.layers.pdl``;
+    the step ops' own kernels and the matmul kernels always do): measured faster in the
+    all-Triton step; between the eager ops' kernels it bought nothing."""
     name: str
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rope_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
     rope_in_kv_store: bool = False
     fuse_one_token: bool = False
+    few_token_matmul: bool = False
+    dependent_launch: bool = False
 
 
 EAGER = StepOps("eager", add_rms_norm_eager, rope_eager_, silu_mul_eager)
 TRITON = StepOps("triton", add_rms_norm_triton, rope_triton_, silu_mul_triton,
-                 rope_in_kv_store=True, fuse_one_token=True) if AVAILABLE else None
+                 rope_in_kv_store=True, fuse_one_token=True, few_token_matmul=True,
+                 dependent_launch=True) \
+    if AVAILABLE else None

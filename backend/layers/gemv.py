@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.layers import pdl
+
 try:
     import triton
     import triton.language as tl
@@ -83,31 +85,37 @@ class Prologue:
 
 
 if triton is not None:
+    from backend.layers.pdl import release as pdl_release
+    from backend.layers.pdl import wait as pdl_wait
+
     @triton.jit
-    def prologue_values(x_ptr, r_ptr, nw_ptr, ro_ptr, k, mask, K, store_end,
+    def prologue_values(x_ptr, r_ptr, nw_ptr, ro_ptr, off, k, mask, K, store_end,
                         PRO: tl.constexpr):
-        """(a, s) in fp32 at columns k ([...] int, ``mask`` where in range): a the GEMV's
-        activation before RMSNorm's per-token scale, s the value whose squares make that
-        scale (NORM / ADD_NORM). ADD_NORM writes s (the next residual) at columns below
-        ``store_end`` (K in the program that writes it, 0 in the others)."""
+        """(a, s) in fp32 at element offsets ``off`` of x (and of the residuals), column
+        ``k`` (broadcastable to ``off``; ``mask`` where in range): a the matmul's activation
+        before RMSNorm's per-token scale, s the value whose squares make that scale (NORM /
+        ADD_NORM). One token: off = k; rows: off = row * row stride + k (gate | up rows
+        are 2K wide, residual rows K: the kinds never mix them). ADD_NORM writes s (the
+        next residual) at columns below ``store_end`` (K in the programs that write it, 0
+        in the others)."""
         if PRO == 3:  # SILU_MUL
-            g = tl.load(x_ptr + k, mask=mask, other=0.0)
-            u = tl.load(x_ptr + K + k, mask=mask, other=0.0)
+            g = tl.load(x_ptr + off, mask=mask, other=0.0)
+            u = tl.load(x_ptr + K + off, mask=mask, other=0.0)
             gf = g.to(tl.float32)
             act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # F.silu rounds to the dtype
             a = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype).to(tl.float32)
             return a, a
-        x = tl.load(x_ptr + k, mask=mask, other=0.0)
+        x = tl.load(x_ptr + off, mask=mask, other=0.0)
         if PRO == 2:  # ADD_NORM
             s = (x.to(tl.float32)
-                 + tl.load(r_ptr + k, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
-            tl.store(ro_ptr + k, s, mask=mask & (k < store_end))
+                 + tl.load(r_ptr + off, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+            tl.store(ro_ptr + off, s, mask=mask & (k < store_end))
             sf = s.to(tl.float32)
         else:
             sf = x.to(tl.float32)
         if PRO == 0:  # NONE
             return sf, sf
-        return sf * tl.load(nw_ptr + k, mask=mask, other=0.0).to(tl.float32), sf
+        return sf * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32), sf
 
     @triton.jit
     def norm_scale(ss, K, eps, PRO: tl.constexpr):
@@ -119,9 +127,11 @@ if triton is not None:
     @triton.jit
     def _gemv(x_ptr, r_ptr, nw_ptr, ro_ptr, w_ptr, b_ptr, y_ptr, N, K, eps,
               PRO: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr):
+              BLOCK_K: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
+              PDL: tl.constexpr):
         # y[n] = rstd * sum_k W[n, k] a[k] (+ b[n]); one program per BLOCK_N rows streaming
         # [BLOCK_N, BLOCK_K] tiles of W (pipelined: STAGES), one fp32 partial per slot.
+        pdl_wait(PDL)
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
@@ -134,10 +144,11 @@ if triton is not None:
             else:
                 w = tl.load(w_ptr + rn[:, None] * K + k[None, :],
                             mask=(rn[:, None] < N) & (k[None, :] < K), other=0.0)
-            a, s = prologue_values(x_ptr, r_ptr, nw_ptr, ro_ptr, k, k < K, K,
+            a, s = prologue_values(x_ptr, r_ptr, nw_ptr, ro_ptr, k, k, k < K, K,
                                    (pid == 0).to(tl.int32) * K, PRO)
             ss += s * s
             acc += w.to(tl.float32) * a[None, :]
+        pdl_release(PDL)
         y = tl.sum(acc, axis=1) * norm_scale(tl.sum(ss, axis=0), K, eps, PRO)
         if HAS_BIAS:
             y += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
@@ -163,5 +174,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _gemv[(triton.cdiv(N, bn),)](
         x, r_in, nw, r_out, weight, bias if bias is not None else weight, y, N, K,
         prologue.eps, PRO=prologue.kind, HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_K=bk,
-        EVEN=N % bn == 0 and K % bk == 0, STAGES=cfg["STAGES"], **opts)
+        EVEN=N % bn == 0 and K % bk == 0, STAGES=cfg["STAGES"], **opts, **pdl.launch(x.device))
     return y, carried

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.layers import cpu_dequant, gemv, quant_kernels
+from backend.layers import cpu_dequant, gemv, quant_kernels, skinny_gemm
 from backend.layers.fused_ops import StepOps
 from backend.layers.gemv import SILU_MUL, Prologue
 from backend.layers.quantize import GroupQuantized, check_group, quantize_int4, quantize_int8
@@ -132,6 +132,11 @@ class Linear(nn.Module):
         """The kernel a one-token step runs (``fused``: the step ops fuse where they can)."""
         return self.kernel
 
+    def few_tokens(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x [M, K] for 2..``skinny_gemm.MAX_M`` tokens through the few-token kernel, or
+        None where this layer has no tile for M (then ``forward`` runs)."""
+        return None
+
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias
 
@@ -140,17 +145,20 @@ def matmul(linear: Linear, x: torch.Tensor, prologue: Prologue, ops: StepOps
            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """linear(prologue(x)) and the residual to carry (None unless the prologue is a norm).
     At one token, where the step ops allow it and the layer has a kernel for it, one launch
-    (``gemv``); otherwise the ops' own kernels, then the layer."""
-    if ops.fuse_one_token and x.shape[0] == 1:
+    (``gemv``); otherwise the ops' own kernels, then the layer (at a few tokens through
+    ``skinny_gemm`` where the ops allow it and it has a tile for the shape)."""
+    M = x.shape[0]
+    if ops.fuse_one_token and M == 1:
         fused = linear.one_token(x, prologue)
         if fused is not None:
             return fused
+    residual = None
     if prologue.kind == SILU_MUL:
-        return linear(ops.silu_mul(x)), None
-    if prologue.normed:
-        h, residual = ops.add_rms_norm(x, prologue.residual, prologue.norm_w, prologue.eps)
-        return linear(h), residual
-    return linear(x), None
+        x = ops.silu_mul(x)
+    elif prologue.normed:
+        x, residual = ops.add_rms_norm(x, prologue.residual, prologue.norm_w, prologue.eps)
+    y = linear.few_tokens(x) if ops.few_token_matmul and 1 < M <= skinny_gemm.MAX_M else None
+    return (linear(x) if y is None else y), residual
 
 
 class LinearRows:
@@ -210,6 +218,12 @@ class DenseLinear(Linear):
     def one_token_kernel(self, fused: bool) -> str:
         return "triton-gemv" if fused and self._gemv_runs(self.dtype, self.device) \
             else self.kernel
+
+    def few_tokens(self, x: torch.Tensor) -> torch.Tensor | None:
+        x = x.contiguous()
+        if not skinny_gemm.runs(x, self.weight):
+            return None
+        return skinny_gemm.skinny_gemm(x, self.weight, self.bias)
 
     def _gemv_runs(self, dtype: torch.dtype, device: torch.device) -> bool:
         return gemv.AVAILABLE and self.weight.dtype == dtype and (

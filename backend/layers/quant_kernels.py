@@ -43,10 +43,14 @@ try:
 except ImportError:  # CPU-only installs: the CPU packed ops need no Triton
     triton = None
 
+from backend.layers import pdl
 from backend.layers.gemv import NONE, Prologue
+from backend.layers.skinny_gemm import finish_splits, split_out
 
 if triton is not None:
     from backend.layers.gemv import norm_scale, prologue_values
+    from backend.layers.pdl import release as pdl_release
+    from backend.layers.pdl import wait as pdl_wait
 
 AVAILABLE = triton is not None and (torch.cuda.is_available()
                                     or os.environ.get("TRITON_INTERPRET") == "1")
@@ -99,21 +103,26 @@ CONFIGS: dict[str, dict[int, dict]] = {
 }
 # The int8 one-token GEMV with its prologue fused (``int8_gemv_fused``), per (N, K): only
 # where ``benchmarks.one_token_gemv`` measured it faster than the separate prologue kernel
-# then the GEMV (H200, Llama-2-7B, weights rotated past L2: qkv 17.7 vs 19.4 us; gate_up
-# and down lost, 30.2 vs 29.0 and 20.0 vs 17.9: every program redoes the prologue's loads
-# for its rows, four strided loads per word). Other shapes run the steps apart; a layer
-# without a prologue (o) runs ``int8_matmul``'s one-token GEMV, the same kernel.
+# then the GEMV (H200, Llama-2-7B, weights rotated past L2, x read as [words, 4] (XVEC):
+# qkv 17.2 vs 19.4 us, gate_up 27.8 vs 29.6; down lost, 18.5 vs 17.7: every program redoes
+# SiLU for its rows). Other shapes run the steps apart; a layer without a prologue (o)
+# runs ``int8_matmul``'s one-token GEMV, the same kernel.
 INT8_FUSED: dict[tuple[int, int], dict] = {
-    (12288, 4096): dict(BLOCK_N=16, BLOCK_K=512, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),
+    (12288, 4096): dict(BLOCK_N=16, BLOCK_K=512, MAGIC=1, WORDS=1, XVEC=1, num_warps=4,
+                        num_stages=3),
+    (22016, 4096): dict(BLOCK_N=32, BLOCK_K=256, MAGIC=1, WORDS=1, XVEC=1, num_warps=4,
+                        num_stages=4),
 }
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 if triton is not None:
     @triton.jit
     def _int8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, EVEN: tl.constexpr):
+                   BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, EVEN: tl.constexpr,
+                   PDL: tl.constexpr):
         # y[n] = scale[n] * sum_k x[k] * q[n, k]; one program per BLOCK_N outputs, each
         # thread streaming 16-byte pieces of rows; one fp32 partial per (row, column) slot.
+        pdl_wait(PDL)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -133,6 +142,7 @@ if triton is not None:
             else:
                 f = w.to(tl.float32)
             acc += f * x
+        pdl_release(PDL)
         t = tl.sum(acc, axis=1)  # [BN]
         if MAGIC:
             t = 256.0 * (t - 1.5 * tl.sum(tl.sum(xs, axis=1), axis=0))
@@ -142,12 +152,13 @@ if triton is not None:
     @triton.jit
     def _int4_gemv(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
                    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, MAGIC: tl.constexpr,
-                   EVEN: tl.constexpr):
+                   EVEN: tl.constexpr, PDL: tl.constexpr):
         # Byte j of a row holds columns j (low nibble) and j + K/2 (high nibble). A tile is
         # [BLOCK_N rows, GROUPS groups, G bytes]; every weight is dequantised in fp32 and
         # multiplied into a [BN, GROUPS, G] accumulator, reduced once at the end (per-group
         # sums inside the loop cost more in shuffles than they save). MAGIC: f = 1 + n / 16,
         # so n s + m = f * 16 s + (m - 16 s), one FMA.
+        pdl_wait(PDL)
         half = K // 2
         ng = K // G
         hg = half // G
@@ -189,6 +200,7 @@ if triton is not None:
             w_lo = f_lo * s_lo[:, :, None] + z_lo[:, :, None]
             w_hi = f_hi * s_hi[:, :, None] + z_hi[:, :, None]
             acc += w_lo * x_lo.to(tl.float32) + w_hi * x_hi.to(tl.float32)
+        pdl_release(PDL)
         y = tl.sum(tl.sum(acc, axis=2), axis=1)
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
@@ -202,13 +214,14 @@ if triton is not None:
     def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, N, kw, W_SPLIT, r_ptr, nw_ptr, ro_ptr,
                          eps, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
                          EVEN: tl.constexpr, STAGES: tl.constexpr, PARTIAL: tl.constexpr,
-                         PRO: tl.constexpr):
+                         PRO: tl.constexpr, XVEC: tl.constexpr, PDL: tl.constexpr):
         # q read as int32 words [N, K / 4] (word i: columns 4i..4i+3). XOR 0x80 per byte
         # gives u = q + 128 in 0..255; byte b decodes with one AND (``_subnormal``, the top
         # byte after a shift by 8) and its x is pre-scaled by 2^(100 - P), so each product
         # is u * x * 2^-49; y = scale * (2^49 * sum u x - 128 * sum x). kw = K / 4; program
         # (i, k) covers words [k W_SPLIT, (k + 1) W_SPLIT) (PARTIAL: fp32 sums [splits, N]).
         # PRO: the activation's prologue (``gemv.prologue_values``; a norm needs one split).
+        pdl_wait(PDL)
         pid_k = tl.program_id(1)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         ri = tl.arange(0, BLOCK_W)
@@ -226,9 +239,32 @@ if triton is not None:
                             mask=(rn[:, None] < N) & (wi[None, :] < kw), other=0)
             u = w ^ -0x7F7F7F80  # 0x80808080 as int32
             u8 = u >> 8
-            for b in tl.static_range(4):
+            if XVEC:
+                # x as [BW, 4] (each word's four columns side by side: vector loads, and the
+                # scaling and sums once per value), then one [BW] plane per byte
+                r4 = tl.arange(0, 4)[None, :]
+                kk = 4 * wi[:, None] + r4  # [BW, 4]
                 if PRO != 0:
-                    x, sx = prologue_values(x_ptr, r_ptr, nw_ptr, ro_ptr, 4 * wi + b, wi < kw,
+                    xq, sx = prologue_values(x_ptr, r_ptr, nw_ptr, ro_ptr, kk, kk, kk < 4 * kw,
+                                             4 * kw, store_end, PRO)
+                    ss += tl.sum(sx * sx, axis=1)
+                elif EVEN:
+                    xq = tl.load(x_ptr + kk).to(tl.float32)
+                else:
+                    xq = tl.load(x_ptr + kk, mask=kk < 4 * kw, other=0.0).to(tl.float32)
+                xs += tl.sum(xq, axis=1)
+                xq = xq * tl.where(r4 == 0, 2.0 ** 100, tl.where(r4 == 1, 2.0 ** 92, 2.0 ** 84))
+                xa, xb = tl.split(tl.reshape(xq, (BLOCK_W, 2, 2)))  # columns 0|2, 1|3
+                x0, x2 = tl.split(xa)
+                x1, x3 = tl.split(xb)
+                acc += _subnormal(u, 0xFF) * x0[None, :]
+                acc += _subnormal(u, 0xFF00) * x1[None, :]
+                acc += _subnormal(u, 0xFF0000) * x2[None, :]
+                acc += _subnormal(u8, 0xFF0000) * x3[None, :]
+            for b in tl.static_range(4 * (1 - XVEC)):
+                if PRO != 0:
+                    k = 4 * wi + b
+                    x, sx = prologue_values(x_ptr, r_ptr, nw_ptr, ro_ptr, k, k, wi < kw,
                                             4 * kw, store_end, PRO)
                     ss += sx * sx
                 elif EVEN:
@@ -243,6 +279,7 @@ if triton is not None:
                     f = _subnormal(u8, 0xFF0000)
                     x = x * (2.0 ** 84)
                 acc += f * x[None, :]
+        pdl_release(PDL)
         t = tl.sum(acc, axis=1) * (2.0 ** 49) - 128.0 * tl.sum(xs, axis=0)  # [BN]
         s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
         s = s * norm_scale(tl.sum(ss, axis=0), 4 * kw, eps, PRO)
@@ -251,7 +288,7 @@ if triton is not None:
     @triton.jit
     def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, hw, W_SPLIT, G: tl.constexpr,
                          BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr,
-                         STAGES: tl.constexpr, PARTIAL: tl.constexpr):
+                         STAGES: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr):
         # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
         # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
         # A nibble decodes with one AND (``_subnormal``: n * 2^(P - 149) for its bit
@@ -262,6 +299,7 @@ if triton is not None:
         # the rows a thread holds. hw = K / 8 words per row, an argument so that Triton sees
         # its divisibility (16-byte loads). Program (i, k) covers words [k W_SPLIT,
         # (k + 1) W_SPLIT) of each row half (PARTIAL: fp32 sums [splits, N]).
+        pdl_wait(PDL)
         pid_k = tl.program_id(1)
         half = K // 2
         ng = K // G
@@ -321,6 +359,7 @@ if triton is not None:
             acc += t_lo * s_lo[:, :, None] + t_hi * s_hi[:, :, None]
             # min * (sum of the group's x): once per row and group, the x sums shared
             acc_z += z_lo * tl.sum(xs_lo, axis=1)[None, :] + z_hi * tl.sum(xs_hi, axis=1)[None, :]
+        pdl_release(PDL)
         y = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
         _store_row(y_ptr, y, rn, pid_k, N, PARTIAL)
 
@@ -351,11 +390,12 @@ if triton is not None:
     @triton.jit
     def _int8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_SPLIT,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PARTIAL: tl.constexpr, SWAP: tl.constexpr):
+                   PARTIAL: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr):
         # y[m, n] = scale[n] * sum_k x[m, k] q[n, k] over this program's K range; weight
         # tiles converted in registers. SWAP: compute y.T = W x.T, the converted weight tile
         # the left operand (which tl.dot can take from registers). PARTIAL: write fp32
         # [SPLIT_K, M, N] partial sums.
+        pdl_wait(PDL)
         pid_k = tl.program_id(2)
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -379,6 +419,7 @@ if triton is not None:
                 w = tl.load(w_ptr + rn[None, :] * K + k[:, None], mask=nmask & km[:, None],
                             other=0)  # [BK, BN]
                 acc = tl.dot(x, w.to(x.dtype), acc)
+        pdl_release(PDL)
         s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
         if SWAP:
             acc = acc * s[:, None]
@@ -409,10 +450,12 @@ if triton is not None:
     @triton.jit
     def _int4_gemm(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, M, N, K, J_SPLIT, G: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                   MAGIC: tl.constexpr, PARTIAL: tl.constexpr, SWAP: tl.constexpr):
+                   MAGIC: tl.constexpr, PARTIAL: tl.constexpr, SWAP: tl.constexpr,
+                   PDL: tl.constexpr):
         # One group of G bytes per step: its codes become both halves' weights (q * s + m,
         # scales broadcast along the group) and feed two tl.dot calls. SWAP: y.T = W x.T,
         # the dequantised weight the left operand.
+        pdl_wait(PDL)
         half = K // 2
         ng = K // G
         hg = half // G
@@ -455,17 +498,8 @@ if triton is not None:
                                                z_hi[None, :], MAGIC)
                     acc = tl.dot(x_lo, w_lo.to(x_lo.dtype), acc)
                     acc = tl.dot(x_hi, w_hi.to(x_hi.dtype), acc)
+        pdl_release(PDL)
         _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP, PARTIAL)
-
-    @triton.jit
-    def _sum_splits(p_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-        # y = sum over the SPLIT_K fp32 partials [SPLIT_K, MN], cast to y's dtype.
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < MN
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            acc += tl.load(p_ptr + s * MN + offs, mask=m, other=0.0)
-        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=m)
 
 
 def _bucket(M: int) -> int:
@@ -529,23 +563,9 @@ def _gemv_grid(cfg: dict, N: int, words: int, step: int,
     return bn, triton.cdiv(words, per), per
 
 
-def _launch_opts(cfg: dict) -> dict:
-    return {} if INTERPRET else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-
-
-def _gemm_out(x: torch.Tensor, M: int, N: int, split: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y [M, N] in x's dtype, the buffer the GEMM writes: y or fp32 partials)."""
-    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    if split == 1:
-        return y, y
-    return y, torch.empty(split, M, N, device=x.device, dtype=torch.float32)
-
-
-def _finish(y: torch.Tensor, out: torch.Tensor, split: int) -> torch.Tensor:
-    if split > 1:
-        MN = y.numel()
-        _sum_splits[(triton.cdiv(MN, 1024),)](out, y, MN, SPLIT_K=split, BLOCK=1024)
-    return y
+def _launch_opts(cfg: dict, device: torch.device) -> dict:
+    opts = {} if INTERPRET else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return opts | pdl.launch(device)
 
 
 def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
@@ -561,24 +581,25 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
         if cfg.get("WORDS") and K % 4 == 0:
             bw = bk // 4
             bn, split, per = _gemv_grid(cfg, N, K // 4, bw, x.device)
-            y, out = _gemm_out(x, M, N, split)
+            y, out = split_out(x, M, N, split)
             _int8_gemv_words[(triton.cdiv(N, bn), split)](
                 x, q.view(torch.int32), scale, out, N, K // 4, per, x, x, x, 0.0, BLOCK_N=bn,
                 BLOCK_W=bw, EVEN=N % bn == 0 and (K // 4) % bw == 0,
-                STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, PRO=NONE, **_launch_opts(cfg))
-            return _finish(y, out, split)
+                STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, PRO=NONE,
+                XVEC=cfg.get("XVEC", 0), **_launch_opts(cfg, x.device))
+            return finish_splits(y, out, split)
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         _int8_gemv[(triton.cdiv(N, bn),)](
             x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"],
-            EVEN=N % bn == 0 and K % bk == 0, **_launch_opts(cfg))
+            EVEN=N % bn == 0 and K % bk == 0, **_launch_opts(cfg, x.device))
         return y
     bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
     split, k_split = _split_range(cfg, M, N, K, bk, block_m, x.device)
-    y, out = _gemm_out(x, M, N, split)
+    y, out = split_out(x, M, N, split)
     _int8_gemm[(triton.cdiv(M, block_m), triton.cdiv(N, bn), split)](
         x, q, scale, out, M, N, K, k_split, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk,
-        PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0), **_launch_opts(cfg))
-    return _finish(y, out, split)
+        PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0), **_launch_opts(cfg, x.device))
+    return finish_splits(y, out, split)
 
 
 def int8_gemv_fused(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
@@ -602,7 +623,8 @@ def int8_gemv_fused(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     _int8_gemv_words[(triton.cdiv(N, bn), 1)](
         x, q.view(torch.int32), scale, y, N, K // 4, per, r_in, nw, r_out, prologue.eps,
         BLOCK_N=bn, BLOCK_W=bw, EVEN=N % bn == 0 and (K // 4) % bw == 0,
-        STAGES=cfg.get("STAGES", 1), PARTIAL=False, PRO=prologue.kind, **_launch_opts(cfg))
+        STAGES=cfg.get("STAGES", 1), PARTIAL=False, PRO=prologue.kind, XVEC=cfg.get("XVEC", 0),
+        **_launch_opts(cfg, x.device))
     return y, carried
 
 
@@ -620,24 +642,24 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
         if cfg.get("WORDS"):
             bn, split, per = _gemv_grid(cfg, N, K // 8, groups * G // 4, x.device)
-            y, out = _gemm_out(x, M, N, split)
+            y, out = split_out(x, M, N, split)
             _int4_gemv_words[(triton.cdiv(N, bn), split)](
                 x, packed.view(torch.int32), scale, lo, out, N, K, K // 8, per, G=G,
                 BLOCK_N=bn, GROUPS=groups, EVEN=N % bn == 0 and half % (groups * G) == 0,
-                STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, **_launch_opts(cfg))
-            return _finish(y, out, split)
+                STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, **_launch_opts(cfg, x.device))
+            return finish_splits(y, out, split)
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn = cfg["BLOCK_N"]
         even = N % bn == 0 and half % (groups * G) == 0
         _int4_gemv[(triton.cdiv(N, bn),)](
             x, packed, scale, lo, y, N, K, G=G, BLOCK_N=bn, GROUPS=groups, MAGIC=cfg["MAGIC"],
-            EVEN=even, **_launch_opts(cfg))
+            EVEN=even, **_launch_opts(cfg, x.device))
         return y
     bn, groups = cfg["BLOCK_N"], cfg["GROUPS"]
     split, j_split = _split_range(cfg, M, N, half, groups * G, block_m, x.device)
-    y, out = _gemm_out(x, M, N, split)
+    y, out = split_out(x, M, N, split)
     _int4_gemm[(triton.cdiv(M, block_m), triton.cdiv(N, bn), split)](
         x, packed, scale, lo, out, M, N, K, j_split, G=G, BLOCK_M=block_m, BLOCK_N=bn,
         GROUPS=groups, MAGIC=cfg["MAGIC"], PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0),
-        **_launch_opts(cfg))
-    return _finish(y, out, split)
+        **_launch_opts(cfg, x.device))
+    return finish_splits(y, out, split)

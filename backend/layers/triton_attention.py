@@ -40,7 +40,10 @@ import torch
 import triton
 import triton.language as tl
 
+from backend.layers import pdl
 from backend.layers.fused_ops import rotate_halves
+from backend.layers.pdl import release as pdl_release
+from backend.layers.pdl import wait as pdl_wait
 from backend.layers.kv_cache import TRANSPOSED_V
 
 QUANT_CODES = {"auto": 0, "int8": 1, "fp8_e4m3": 2}
@@ -156,8 +159,10 @@ def _store_kv_kernel(
         KVH: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr, KVH_PAD: tl.constexpr,
         HALF_PAD: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, QUANT: tl.constexpr, V_T: tl.constexpr,
-        ROPE: tl.constexpr):
+        ROPE: tl.constexpr, PDL: tl.constexpr):
     # one program per token, every KV head; rows handled as two halves (RoPE pairs them)
+    pdl_wait(PDL)
+    pdl_release(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = tl.arange(0, KVH_PAD)[:, None]
@@ -228,7 +233,9 @@ def _decode_kernel(
         stride_ot, stride_oh,
         GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, V_T: tl.constexpr):
+        QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, V_T: tl.constexpr,
+        PDL: tl.constexpr):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -258,6 +265,7 @@ def _decode_kernel(
         m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, nmask[None, :], m_i, l_i, acc,
                                      qk_scale, scale_ptr, h, stride_sc, stride_sh, QUANT,
                                      DOT_PREC, True)
+    pdl_release(PDL)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -275,7 +283,10 @@ def _decode_kernel(
 
 @triton.jit
 def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
-                  HD: tl.constexpr, HD_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                  HD: tl.constexpr, HD_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                  PDL: tl.constexpr):
+    pdl_wait(PDL)
+    pdl_release(PDL)
     b = tl.program_id(0)
     hq = tl.program_id(1)
     row = b * tl.num_programs(1) + hq
@@ -379,7 +390,8 @@ def _scales(scales: torch.Tensor | None, cache: torch.Tensor) -> tuple[torch.Ten
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
              scales: torch.Tensor | None, kv_cache_dtype: str, block_size: int,
-             rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+             rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+             dependent_launch: bool = False) -> None:
     """k, v: [T, kvh, hd] (any row stride); slots: [T]; cache: one layer's
     [slots, 2, kvh, hd] (int8: V transposed within each block of ``block_size`` slots,
     ``kv_cache.TRANSPOSED_V``); scales: [2, kvh, slots] float32 or None.
@@ -402,7 +414,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch
         HALF_PAD=triton.next_power_of_2(hd // 2), H=H, H_PAD=triton.next_power_of_2(H),
         BLOCK_SIZE=block_size, QUANT=QUANT_CODES[kv_cache_dtype],
         V_T=kv_cache_dtype in TRANSPOSED_V, ROPE=rope is not None,
-        num_warps=4 if kvh * hd >= 2048 else 1)
+        num_warps=4 if kvh * hd >= 2048 else 1, **pdl.launch(k.device, dependent_launch))
 
 
 def decode_splits(batch: int, kv_heads: int, max_context: int | None, device: torch.device,
@@ -426,7 +438,8 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
                  block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor,
                  scale: float, block_size: int, kv_cache_dtype: str, num_splits: int,
                  block_n: int | None = None, num_warps: int | None = None,
-                 num_stages: int | None = None) -> torch.Tensor:
+                 num_stages: int | None = None, dependent_launch: bool = False
+                 ) -> torch.Tensor:
     """q: [B, H, hd]; block_tables: [B, W] int32; context_lens: [B] int32 (>= 1);
     out: [B, H, hd] (written). One KV head's query group per program (padded to the 16 rows
     tl.dot needs: decode is bound by the K/V reads, not by the products); num_splits a
@@ -454,10 +467,12 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
         GROUP=group, G_PAD=_pad(group), HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=QUANT_CODES[kv_cache_dtype],
         DOT_PREC=_dot_precision(q.dtype), UPCAST=interpreting(),
-        V_T=kv_cache_dtype in TRANSPOSED_V, num_warps=num_warps, num_stages=num_stages)
+        V_T=kv_cache_dtype in TRANSPOSED_V, num_warps=num_warps, num_stages=num_stages,
+        **pdl.launch(q.device, dependent_launch))
     if num_splits > 1:
         _merge_kernel[(B, H)](part_o, part_lse, out, out.stride(0), out.stride(1), HD=hd,
-                              HD_PAD=hd_pad, NUM_SPLITS=num_splits, num_warps=1)
+                              HD_PAD=hd_pad, NUM_SPLITS=num_splits, num_warps=1,
+                              **pdl.launch(q.device, dependent_launch))
     return out
 
 

@@ -79,9 +79,15 @@ def test_int8_gemv_with_each_prologue_matches_the_unfused_steps(kind) -> None:
     x, residual, norm_w, prologue = _inputs(kind, K, torch.float32)
     q, s = quantize_int8(_rand(N, K, seed=7) * 0.1)
     want, want_res = _unfused(kind, x, residual, norm_w, (q.float() * s[:, None]).t())
+    # x read per byte (four strided loads) and as [words, 4] (XVEC), tiles that do and do
+    # not divide the 64 words of a row
     for cfg in (dict(BLOCK_N=8, BLOCK_K=64, MAGIC=1, WORDS=1, num_warps=4, num_stages=3),
                 dict(BLOCK_N=16, BLOCK_K=128, MAGIC=1, WORDS=1, STAGES=2, num_warps=4,
-                     num_stages=3)):
+                     num_stages=3),
+                dict(BLOCK_N=16, BLOCK_K=64, MAGIC=1, WORDS=1, XVEC=1, num_warps=4,
+                     num_stages=3),
+                dict(BLOCK_N=32, BLOCK_K=512, MAGIC=1, WORDS=1, XVEC=1,
+                     STAGES=2, num_warps=4, num_stages=3)):
         y, carried = quant_kernels.int8_gemv_fused(x, q, s, prologue, cfg)
         torch.testing.assert_close(y, want, atol=1e-4, rtol=1e-4)
         if kind == ADD_NORM:

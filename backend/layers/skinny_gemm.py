@@ -1,0 +1,201 @@
+"""Few-token matmuls (CUDA, Triton tensor cores): the linear layers of a decode step of
+2..MAX_M sequences, where cuBLAS leaves bandwidth unused.
+
+At a few dozen tokens a linear layer is still bound by its weight bytes (Llama-2-7B at 64
+tokens does ~64 multiply-adds per weight, far below the H200's ratio), so the kernel
+streams [BLOCK_N, BLOCK_K] weight tiles once, pipelined, and multiplies each with all the
+step's rows ([BLOCK_M, BLOCK_K], from L2). Layers with few output rows (o, down: 4096)
+split K so every multiprocessor has work; the fp32 partial sums are added by one more small
+kernel (``finish_splits``). The kernels launch with programmatic dependent launch
+(``pdl``), so the norm / SiLU·mul kernel before each matmul overlaps its tail.
+
+Tiles come from ``benchmarks.skinny_gemm`` per (BLOCK_M, N, K): a shape runs here only where
+the measured tile beat cuBLAS (the step ops' prologue kernel before both), else cuBLAS.
+Computing the prologue inside every program (as the one-token GEMV does) was measured too:
+with the separate kernel overlapped it was no faster at 16 rows and lost from 32 on (every
+program redoes [BLOCK_M, K] of elementwise work per BLOCK_N weight rows).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+from backend.layers import pdl
+
+if triton is not None:
+    from backend.layers.pdl import release as pdl_release
+    from backend.layers.pdl import wait as pdl_wait
+
+AVAILABLE = triton is not None and (torch.cuda.is_available()
+                                    or os.environ.get("TRITON_INTERPRET") == "1")
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+MAX_M = 128
+
+# Tile shapes per (BLOCK_M, N, K) from ``benchmarks.skinny_gemm`` on an H200, Llama-2-7B's
+# shapes, weights rotated past L2, the prologue kernel before each (docs/benchmarks/gemv/,
+# docs/BENCHMARKS.md). Only tiles that beat cuBLAS are listed: at 16 and 32 rows every
+# shape (by 1.6-4 us), at 64 o, down and the LM head, at 128 down and the LM head.
+# DEFAULT: other shapes at 16 and 32 rows; larger buckets run cuBLAS.
+_T = dict(BLOCK_N=128, BLOCK_K=128, STAGES=4, SPLIT=1, SWAP=1, num_warps=4)
+CONFIGS: dict[tuple[int, int, int], dict] = {
+    (16, 12288, 4096): _T,
+    (16, 4096, 4096): dict(_T, BLOCK_N=64, BLOCK_K=256, STAGES=3, SPLIT=2),
+    (16, 22016, 4096): dict(_T, BLOCK_K=64),
+    (16, 4096, 11008): dict(_T, SPLIT=4),
+    (16, 32000, 4096): dict(_T, STAGES=3, num_warps=8),
+    (32, 12288, 4096): _T,
+    (32, 4096, 4096): dict(_T, BLOCK_N=64, SPLIT=2),
+    (32, 22016, 4096): dict(_T, BLOCK_N=256, STAGES=3, SWAP=0, num_warps=8),
+    (32, 4096, 11008): dict(_T, BLOCK_N=64, BLOCK_K=256, STAGES=3, SPLIT=2),
+    (32, 32000, 4096): _T,
+    (64, 4096, 4096): dict(_T, BLOCK_N=64, SPLIT=2),
+    (64, 4096, 11008): dict(_T, BLOCK_N=64, SPLIT=2),
+    (64, 32000, 4096): dict(_T, BLOCK_K=64, SWAP=0),
+    (128, 4096, 11008): dict(_T, BLOCK_N=64, SPLIT=2),
+    (128, 32000, 4096): dict(_T, BLOCK_K=64, STAGES=5, SWAP=0, num_warps=8),
+}
+DEFAULT = {16: dict(_T, BLOCK_N=64, SPLIT=0), 32: dict(_T, BLOCK_N=64, SPLIT=0)}
+
+
+def bucket(M: int) -> int:
+    """The kernel's BLOCK_M for M rows (tl.dot needs >= 16)."""
+    return 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 128
+
+
+def config_for(M: int, N: int, K: int) -> dict | None:
+    """The tile for M rows of an [N, K] weight, or None where cuBLAS runs."""
+    bm = bucket(M)
+    return CONFIGS.get((bm, N, K), DEFAULT.get(bm))
+
+
+if triton is not None:
+    @triton.jit
+    def _skinny_gemm(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_SPLIT,
+                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
+                     PARTIAL: tl.constexpr, SWAP: tl.constexpr, F32_DOT: tl.constexpr,
+                     PDL: tl.constexpr):
+        # y[m, n] = sum_k x[m, k] W[n, k] (+ b[n]) over this program's K range
+        # [pid_k K_SPLIT, +K_SPLIT). SWAP: y.T = W x.T, the weight tile the left operand (a
+        # warpgroup MMA needs >= 64 rows on the left, which the weight has at any M).
+        # PARTIAL: fp32 sums into [splits, M, N]. F32_DOT: multiply in fp32 (the
+        # interpreter's tl.dot reads bf16 operands as raw integers).
+        pdl_wait(PDL)
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rm = tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        rows = rm[:, None] < M
+        k_lo = pid_k * K_SPLIT
+        k_hi = tl.minimum(K, k_lo + K_SPLIT)
+        if SWAP:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+            k = (k0 + rk)[None, :]  # [1, BK]
+            if EVEN:
+                w = tl.load(w_ptr + rn[:, None] * K + k)  # [BN, BK]
+            else:
+                w = tl.load(w_ptr + rn[:, None] * K + k, mask=(rn[:, None] < N) & (k < k_hi),
+                            other=0.0)
+            a = tl.load(x_ptr + rm[:, None] * K + k, mask=rows & (k < k_hi), other=0.0)
+            if F32_DOT:
+                a, w = a.to(tl.float32), w.to(tl.float32)
+            if SWAP:
+                acc = tl.dot(w, tl.trans(a), acc)
+            else:
+                acc = tl.dot(a, tl.trans(w), acc)
+        pdl_release(PDL)
+        if SWAP:
+            acc = tl.trans(acc)  # [BM, BN]
+        if HAS_BIAS:
+            b = tl.load(b_ptr + rn, mask=rn < N, other=0.0) * (pid_k == 0).to(tl.float32)
+            acc += b[None, :]
+        mask = rows & (rn[None, :] < N)
+        offs = rm[:, None] * N + rn[None, :]
+        if PARTIAL:
+            tl.store(y_ptr + pid_k * M * N + offs, acc, mask=mask)
+        else:
+            tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _sum_splits(p_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+                    PDL: tl.constexpr):
+        # y = sum over the SPLIT_K fp32 partials [SPLIT_K, MN], cast to y's dtype.
+        pdl_wait(PDL)
+        pdl_release(PDL)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < MN
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            acc += tl.load(p_ptr + s * MN + offs, mask=m, other=0.0)
+        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def split_out(x: torch.Tensor, M: int, N: int, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y [M, N] in x's dtype, the buffer a kernel split ``split`` ways along K writes: y
+    itself, or fp32 partials [split, M, N])."""
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    if split == 1:
+        return y, y
+    return y, torch.empty(split, M, N, device=x.device, dtype=torch.float32)
+
+
+def finish_splits(y: torch.Tensor, out: torch.Tensor, split: int) -> torch.Tensor:
+    """y = the sum of the partials ``out`` (nothing to do when the kernel did not split)."""
+    if split > 1:
+        MN = y.numel()
+        _sum_splits[(triton.cdiv(MN, 1024),)](out, y, MN, SPLIT_K=split, BLOCK=1024,
+                                              **pdl.launch(y.device))
+    return y
+
+
+def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``skinny_gemm`` runs x [M, K] against weight [N, K]: 2..MAX_M rows, a tile
+    for the shape, a 16-bit float weight in x's dtype (fp32 would multiply in tf32), on
+    CUDA or the interpreter."""
+    return (AVAILABLE and 2 <= x.shape[0] <= MAX_M and weight.dtype == x.dtype
+            and x.dtype in (torch.bfloat16, torch.float16)
+            and (x.device.type == "cuda" or INTERPRET)
+            and config_for(x.shape[0], *weight.shape) is not None)
+
+
+def _auto_split(N: int, bn: int, steps: int, device: torch.device) -> int:
+    """K splits (1, 2 or 4) that give every multiprocessor a program, >= 4 steps each."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count \
+        if device.type == "cuda" else 132
+    split = 1
+    while triton.cdiv(N, bn) * split < sms and split < 4 and steps // (2 * split) >= 4:
+        split *= 2
+    return split
+
+
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                config: dict | None = None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T (+ bias) -> [M, N] for 2 <= M <= MAX_M (``config``: a
+    tile to try; by default the shape's)."""
+    (M, K), N = x.shape, weight.shape[0]
+    assert weight.shape[1] == K and x.is_contiguous() and weight.is_contiguous()
+    cfg = config or config_for(M, N, K)
+    bn, bk = cfg["BLOCK_N"], min(cfg["BLOCK_K"], triton.next_power_of_2(K))
+    steps = triton.cdiv(K, bk)
+    split = cfg["SPLIT"] or _auto_split(N, bn, steps, x.device)
+    per = triton.cdiv(steps, min(split, steps)) * bk
+    split = triton.cdiv(K, per)
+    y, out = split_out(x, M, N, split)
+    opts = {} if INTERPRET else dict(num_warps=cfg["num_warps"])
+    _skinny_gemm[(triton.cdiv(N, bn), split)](
+        x, weight, bias if bias is not None else weight, out, M, N, K, per,
+        HAS_BIAS=bias is not None, BLOCK_M=bucket(M), BLOCK_N=bn, BLOCK_K=bk,
+        STAGES=cfg["STAGES"], EVEN=N % bn == 0 and K % per == 0, PARTIAL=split > 1,
+        SWAP=cfg["SWAP"], F32_DOT=INTERPRET, **opts, **pdl.launch(x.device))
+    return finish_splits(y, out, split)

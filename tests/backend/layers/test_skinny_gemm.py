@@ -1,0 +1,90 @@
+"""Few-token matmuls (``backend.layers.skinny_gemm``) against a float32 reference, the choice
+of where they run, and ``matmul``'s routing through them. Under the Triton interpreter on
+the CPU; on CUDA the same."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from backend.layers import fused_ops, pdl, skinny_gemm
+from backend.layers.gemv import ADD_NORM, SILU_MUL, Prologue
+from backend.layers.linear import DenseLinear, matmul
+
+pytestmark = pytest.mark.skipif(not skinny_gemm.AVAILABLE, reason="needs triton (interpreter)")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+EPS = 1e-5
+# tiles that do and do not divide (N, K), both operand orders, K split 1 / 2 / 3 ways
+CONFIGS = [dict(BLOCK_N=16, BLOCK_K=32, STAGES=2, SPLIT=1, SWAP=0, num_warps=4),
+           dict(BLOCK_N=32, BLOCK_K=64, STAGES=1, SPLIT=3, SWAP=1, num_warps=4),
+           dict(BLOCK_N=64, BLOCK_K=32, STAGES=3, SPLIT=2, SWAP=1, num_warps=4)]
+
+
+def _rand(*shape: int, dtype: torch.dtype = torch.bfloat16, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("M, N, K", [(2, 48, 96), (16, 64, 256), (17, 40, 64), (33, 64, 128)])
+def test_skinny_gemm_matches_a_float32_matmul(M, N, K) -> None:
+    x = _rand(M, K, seed=1)
+    w = _rand(N, K, seed=2) * 0.1
+    bias = _rand(N, seed=3)
+    want = x.float() @ w.float().t() + bias.float()
+    for cfg in CONFIGS:
+        y = skinny_gemm.skinny_gemm(x, w, bias, cfg)
+        assert y.shape == (M, N) and y.dtype == torch.bfloat16
+        # the products are exact in fp32; the one rounding is the output's to bf16
+        torch.testing.assert_close(y.float(), want, atol=2e-2, rtol=1e-2)
+        y = skinny_gemm.skinny_gemm(x, w, None, cfg)
+        torch.testing.assert_close(y.float(), want - bias.float(), atol=2e-2, rtol=1e-2)
+
+
+def test_where_the_kernel_runs() -> None:
+    """Only 2..MAX_M rows of a 16-bit weight in x's dtype with a tile for the shape: the
+    measured Llama-2-7B tiles, a default at 16 and 32 rows, cuBLAS beyond."""
+    w = torch.empty(4096, 4096, dtype=torch.bfloat16, device=DEVICE)
+    rows = {M: torch.empty(M, 4096, dtype=torch.bfloat16, device=DEVICE)
+            for M in (1, 2, 64, 100, 129)}
+    assert [skinny_gemm.runs(rows[M], w) for M in (1, 2, 64, 100, 129)] == [
+        False, True, True, False, False]  # o: a tile at 16/32/64 rows, none at 128
+    odd = torch.empty(96, 4096, dtype=torch.bfloat16, device=DEVICE)
+    assert skinny_gemm.runs(rows[2], odd)  # the default tile at 16 rows
+    assert not skinny_gemm.runs(rows[64], odd)  # no tile measured at 64: cuBLAS
+    assert not skinny_gemm.runs(rows[2], w.float())  # fp32 weights would run in tf32
+    assert skinny_gemm.config_for(64, 4096, 11008)["SPLIT"] == 2
+
+
+def test_kernels_launch_without_programmatic_dependency_off_cuda() -> None:
+    assert not pdl.enabled(torch.device("cpu"))
+    assert pdl.launch(torch.device("cpu")) == {"PDL": False}
+    assert pdl.launch(torch.device("cpu"), on=False) == {"PDL": False}
+    # the attention kernels follow the step ops: on with the all-Triton step only
+    assert fused_ops.TRITON.dependent_launch and not fused_ops.EAGER.dependent_launch
+
+
+@pytest.mark.parametrize("kind", [ADD_NORM, SILU_MUL])
+def test_matmul_takes_the_few_token_kernel_where_the_step_ops_ask(kind, monkeypatch) -> None:
+    """With ``few_token_matmul`` a step of a few tokens runs the step ops' prologue kernel,
+    then the skinny kernel; without it, cuBLAS (or torch on the CPU). Same numbers."""
+    M, N, K = 5, 40, 64
+    layer = DenseLinear(N, K, False, torch.device(DEVICE), torch.bfloat16, torch.bfloat16)
+    layer.weight.copy_(_rand(N, K, seed=4) * 0.1)
+    x = _rand(M, 2 * K if kind == SILU_MUL else K, seed=5)
+    prologue = Prologue(kind, _rand(M, K, seed=6) if kind == ADD_NORM else None,
+                        _rand(K, seed=7) + 1 if kind == ADD_NORM else None, EPS)
+    calls = []
+    real = skinny_gemm.skinny_gemm
+    monkeypatch.setattr(skinny_gemm, "skinny_gemm",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    without = dataclasses.replace(fused_ops.TRITON, few_token_matmul=False)
+    want, want_res = matmul(layer, x, prologue, without)
+    assert calls == []
+    y, carried = matmul(layer, x, prologue, fused_ops.TRITON)
+    assert calls == [1]
+    torch.testing.assert_close(y.float(), want.float(), atol=2e-2, rtol=1e-2)
+    if kind == ADD_NORM:
+        assert torch.equal(carried, want_res)
+    else:
+        assert carried is None and want_res is None
