@@ -53,9 +53,10 @@ BF16 = ((2, 2048, 3, 4), (4, 1024, 3, 4), (4, 512, 3, 4), (8, 256, 3, 4), (8, 51
         (8, 512, 3, 4), (8, 512, 4, 4), (8, 1024, 3, 4), (8, 1024, 3, 8), (16, 256, 3, 4),
         (16, 512, 3, 4), (16, 512, 3, 8), (32, 256, 3, 4), (32, 128, 4, 4))
 # int8 at one token: every GEMV variant ``benchmarks.quant_sweep`` tries (the word-wise ones
-# also with the prologue fused)
-INT8 = [{k: v for k, v in cfg.items() if k != "kind"}
-        for cfg in quant_variants("int8", 1) if cfg["kind"] == "triton" and "MAGIC" in cfg]
+# also with the prologue fused, and again with x read as [words, 4]: XVEC)
+_SWEPT = [{k: v for k, v in cfg.items() if k != "kind"}
+          for cfg in quant_variants("int8", 1) if cfg["kind"] == "triton" and "MAGIC" in cfg]
+INT8 = _SWEPT + [dict(cfg, XVEC=1) for cfg in _SWEPT if cfg.get("WORDS")]
 EPS = 1e-5
 L2_BYTES = 200 << 20  # rotate weight copies until a graph's calls touch this much
 
@@ -79,6 +80,28 @@ def unfused(x: torch.Tensor, prologue: Prologue, linear) -> torch.Tensor:
     elif prologue.normed:
         x, _ = fused_ops.add_rms_norm_triton(x, prologue.residual, prologue.norm_w, EPS)
     return linear(x)
+
+
+def cublas_baselines(x: torch.Tensor, pro: Prologue, ws: list[torch.Tensor], device
+                     ) -> tuple[dict, torch.Tensor]:
+    """({cublas_us: cuBLAS alone, unfused_us: the prologue kernel then cuBLAS}, each over
+    the rotating weights ``ws``, and the unfused path's output in fp32: the reference)."""
+    xk = x if pro.kind != SILU_MUL else fused_ops.silu_mul_triton(x)
+    times = {"cublas_us": _time_rotating([partial(F.linear, xk, w) for w in ws], device),
+             "unfused_us": _time_rotating(
+                 [partial(unfused, x, pro, partial(F.linear, weight=w)) for w in ws], device)}
+    return times, unfused(x, pro, partial(F.linear, weight=ws[0])).float()
+
+
+def checked_time(calls: list, ref: torch.Tensor, device) -> float:
+    """µs per call of ``calls`` (one per weight copy), once the first call's output (or
+    its first element) is within 3 % of ``ref`` (relative to its largest value)."""
+    y = calls[0]()
+    y = (y[0] if isinstance(y, tuple) else y).float()
+    err = ((y - ref).abs().max() / ref.abs().max()).item()
+    if err > 3e-2:
+        raise AssertionError(f"relative error {err:.3g}")
+    return _time_rotating(calls, device)
 
 
 def _time_rotating(calls: list, device) -> float:
@@ -141,21 +164,14 @@ def layer_level(shapes, device, dtype) -> tuple[list[dict], dict, dict]:
         x, pro = _inputs(kind, K, device, dtype)
         row = {"shape": name, "N": N, "K": K, "prologue": kind, "copies": n,
                "weight_mb": round(N * K * 2 / 1e6, 1)}
-        xk = x if kind != SILU_MUL else fused_ops.silu_mul_triton(x)
-        row["cublas_us"] = _time_rotating([partial(F.linear, xk, w) for w in ws], device)
-        row["unfused_us"] = _time_rotating(
-            [partial(unfused, x, pro, partial(F.linear, weight=w)) for w in ws], device)
-        ref = unfused(x, pro, partial(F.linear, weight=ws[0])).float()
+        times, ref = cublas_baselines(x, pro, ws, device)
+        row.update(times)
         fused = {}
         for v in BF16:
             cfg = bf16_config(v)
             try:
-                y, _ = gemv.gemv(x, ws[0], None, pro, cfg)
-                err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
-                if err > 3e-2:
-                    raise AssertionError(f"relative error {err:.3g}")
-                fused[str(v)] = _time_rotating(
-                    [partial(gemv.gemv, x, w, None, pro, cfg) for w in ws], device)
+                fused[str(v)] = checked_time(
+                    [partial(gemv.gemv, x, w, None, pro, cfg) for w in ws], ref, device)
             except Exception as exc:
                 fused[str(v)] = repr(exc)[:200]
         timed = {k: t for k, t in fused.items() if isinstance(t, float)}

@@ -29,12 +29,12 @@ import time
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 
 from backend import model as model_module
 from backend.layers import fused_ops, pdl, skinny_gemm
 from backend.layers.gemv import ADD_NORM, SILU_MUL, Prologue
-from benchmarks.one_token_gemv import SHAPES_7B, _time_rotating, chain_level, unfused
+from benchmarks.one_token_gemv import (SHAPES_7B, chain_level, checked_time, cublas_baselines,
+                                       unfused)
 from benchmarks.quant import engine_level
 from benchmarks.quant_sweep import copy_gbs
 
@@ -103,22 +103,15 @@ def layer_level(shapes, rows, device, dtype) -> tuple[list[dict], dict]:
             x, pro = _inputs(kind, M, K, device, dtype)
             row = {"shape": name, "M": M, "N": N, "K": K, "prologue": kind, "copies": n,
                    "weight_mb": round(N * K * 2 / 1e6, 1)}
-            xk = x if kind != SILU_MUL else fused_ops.silu_mul_triton(x)
-            row["cublas_us"] = _time_rotating([partial(F.linear, xk, w) for w in ws], device)
-            row["unfused_us"] = _time_rotating(
-                [partial(unfused, x, pro, partial(F.linear, weight=w)) for w in ws], device)
-            ref = unfused(x, pro, partial(F.linear, weight=ws[0])).float()
+            times, ref = cublas_baselines(x, pro, ws, device)
+            row.update(times)
             committed = skinny_gemm.config_for(M, N, K)
             timed, failed = {}, {}
             for cfg in configs() + ([None] if committed else []):
                 key = "committed" if cfg is None else json.dumps(cfg, sort_keys=True)
                 calls = [partial(unfused, x, pro, partial(_skinny, w=w, cfg=cfg)) for w in ws]
                 try:
-                    y = calls[0]().float()
-                    err = ((y - ref).abs().max() / ref.abs().max()).item()
-                    if err > 3e-2:
-                        raise AssertionError(f"relative error {err:.3g}")
-                    timed[key] = _time_rotating(calls, device)
+                    timed[key] = checked_time(calls, ref, device)
                 except Exception as exc:
                     failed[key] = repr(exc)[:200]
             variants = {k: t for k, t in timed.items() if k != "committed"}
