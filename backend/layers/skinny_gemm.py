@@ -17,6 +17,7 @@ program redoes [BLOCK_M, K] of elementwise work per BLOCK_N weight rows).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -169,10 +170,15 @@ def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and config_for(x.shape[0], *weight.shape) is not None)
 
 
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count \
+        if device.type == "cuda" else 132
+
+
 def _auto_split(N: int, bn: int, steps: int, device: torch.device) -> int:
     """K splits (1, 2 or 4) that give every multiprocessor a program, >= 4 steps each."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count \
-        if device.type == "cuda" else 132
+    sms = _multiprocessors(device)
     split = 1
     while triton.cdiv(N, bn) * split < sms and split < 4 and steps // (2 * split) >= 4:
         split *= 2
@@ -186,6 +192,8 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     (M, K), N = x.shape, weight.shape[0]
     assert weight.shape[1] == K and x.is_contiguous() and weight.is_contiguous()
     cfg = config or config_for(M, N, K)
+    if cfg is None:
+        raise ValueError(f"no few-token tile for {M} rows of a [{N}, {K}] weight (see runs())")
     bn, bk = cfg["BLOCK_N"], min(cfg["BLOCK_K"], triton.next_power_of_2(K))
     steps = triton.cdiv(K, bk)
     split = cfg["SPLIT"] or _auto_split(N, bn, steps, x.device)

@@ -39,6 +39,12 @@ def test_skinny_gemm_matches_a_float32_matmul(M, N, K) -> None:
         torch.testing.assert_close(y.float(), want, atol=2e-2, rtol=1e-2)
         y = skinny_gemm.skinny_gemm(x, w, None, cfg)
         torch.testing.assert_close(y.float(), want - bias.float(), atol=2e-2, rtol=1e-2)
+    if M <= 32:  # the default tile, K split by the grid's size
+        torch.testing.assert_close(skinny_gemm.skinny_gemm(x, w, bias).float(), want,
+                                   atol=2e-2, rtol=1e-2)
+    else:
+        with pytest.raises(ValueError, match="no few-token tile"):
+            skinny_gemm.skinny_gemm(x, w, bias)
 
 
 def test_where_the_kernel_runs() -> None:
