@@ -161,12 +161,12 @@ def finish_splits(y: torch.Tensor, out: torch.Tensor, split: int) -> torch.Tenso
 
 
 def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``skinny_gemm`` runs x [M, K] against weight [N, K]: 2..MAX_M rows, a tile
-    for the shape, a 16-bit float weight in x's dtype (fp32 would multiply in tf32), on
-    CUDA or the interpreter."""
-    return (AVAILABLE and 2 <= x.shape[0] <= MAX_M and weight.dtype == x.dtype
-            and x.dtype in (torch.bfloat16, torch.float16)
-            and (x.device.type == "cuda" or INTERPRET)
+    """Whether a step's matmul of x [M, K] with weight [N, K] takes ``skinny_gemm``: CUDA,
+    2..MAX_M rows, a tile for the shape, a 16-bit float weight in x's dtype (fp32 would
+    multiply in tf32). Not on the CPU: there the interpreter would run it, far slower than
+    torch (``skinny_gemm`` itself runs there for tests)."""
+    return (AVAILABLE and x.device.type == "cuda" and 2 <= x.shape[0] <= MAX_M
+            and weight.dtype == x.dtype and x.dtype in (torch.bfloat16, torch.float16)
             and config_for(x.shape[0], *weight.shape) is not None)
 
 

@@ -47,19 +47,31 @@ def test_skinny_gemm_matches_a_float32_matmul(M, N, K) -> None:
             skinny_gemm.skinny_gemm(x, w, bias)
 
 
+def _runs_on_the_interpreter(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """``runs``' rule without its device check (the interpreter runs the kernel here)."""
+    return (2 <= x.shape[0] <= skinny_gemm.MAX_M and w.dtype == x.dtype
+            and skinny_gemm.config_for(x.shape[0], *w.shape) is not None)
+
+
 def test_where_the_kernel_runs() -> None:
-    """Only 2..MAX_M rows of a 16-bit weight in x's dtype with a tile for the shape: the
-    measured Llama-2-7B tiles, a default at 16 and 32 rows, cuBLAS beyond."""
-    w = torch.empty(4096, 4096, dtype=torch.bfloat16, device=DEVICE)
-    rows = {M: torch.empty(M, 4096, dtype=torch.bfloat16, device=DEVICE)
-            for M in (1, 2, 64, 100, 129)}
-    assert [skinny_gemm.runs(rows[M], w) for M in (1, 2, 64, 100, 129)] == [
-        False, True, True, False, False]  # o: a tile at 16/32/64 rows, none at 128
-    odd = torch.empty(96, 4096, dtype=torch.bfloat16, device=DEVICE)
-    assert skinny_gemm.runs(rows[2], odd)  # the default tile at 16 rows
-    assert not skinny_gemm.runs(rows[64], odd)  # no tile measured at 64: cuBLAS
-    assert not skinny_gemm.runs(rows[2], w.float())  # fp32 weights would run in tf32
+    """Only CUDA, 2..MAX_M rows of a 16-bit weight in x's dtype with a tile for the shape:
+    the measured Llama-2-7B tiles, a default at 16 and 32 rows, cuBLAS beyond."""
+    rows = {M: torch.empty(M, 4096, dtype=torch.bfloat16) for M in (1, 2, 64, 100, 129)}
+    w = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    odd = torch.empty(96, 4096, dtype=torch.bfloat16)
+    assert skinny_gemm.config_for(2, 4096, 4096) is not None
+    assert not skinny_gemm.runs(rows[2], w)  # the CPU: torch, not the interpreter
+    assert [skinny_gemm.config_for(M, 4096, 4096) is not None for M in (1, 2, 64, 100)] == [
+        True, True, True, False]  # o: tiles at 16/32/64 rows, none at 128
+    assert skinny_gemm.config_for(2, 96, 4096) is not None  # the default tile at 16 rows
+    assert skinny_gemm.config_for(64, 96, 4096) is None  # no tile measured at 64: cuBLAS
     assert skinny_gemm.config_for(64, 4096, 11008)["SPLIT"] == 2
+    if torch.cuda.is_available():
+        cuda = {M: r.cuda() for M, r in rows.items()}
+        assert [skinny_gemm.runs(cuda[M], w.cuda()) for M in (1, 2, 64, 100, 129)] == [
+            False, True, True, False, False]
+        assert skinny_gemm.runs(cuda[2], odd.cuda())
+        assert not skinny_gemm.runs(cuda[2], w.cuda().float())  # fp32 would run in tf32
 
 
 def test_kernels_launch_without_programmatic_dependency_off_cuda() -> None:
@@ -80,6 +92,8 @@ def test_matmul_takes_the_few_token_kernel_where_the_step_ops_ask(kind, monkeypa
     x = _rand(M, 2 * K if kind == SILU_MUL else K, seed=5)
     prologue = Prologue(kind, _rand(M, K, seed=6) if kind == ADD_NORM else None,
                         _rand(K, seed=7) + 1 if kind == ADD_NORM else None, EPS)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(skinny_gemm, "runs", _runs_on_the_interpreter)
     calls = []
     real = skinny_gemm.skinny_gemm
     monkeypatch.setattr(skinny_gemm, "skinny_gemm",
