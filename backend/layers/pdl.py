@@ -11,6 +11,10 @@ kernel launched without it (cuBLAS, torch ops) orders the stream as usual. On an
 batch-1 decode step went 3.76 -> 3.65 ms (bf16) and 2.62 -> 2.48 ms (int8 weights)
 (docs/BENCHMARKS.md, "Programmatic dependent launch and the few-token matmul").
 
+Kernels with a main loop release after it, one-pass kernels right after their wait: a GEMV
+that released at its start was slower (the next kernel's waiting programs took the slots
+its own later waves needed), and so was prefetching the next weights before the wait.
+
 Kernels take ``PDL: tl.constexpr`` and are launched with ``**pdl.launch(device)``.
 ``FIRSTTOKEN_PDL=0`` turns it off (for A/B measurements).
 """
