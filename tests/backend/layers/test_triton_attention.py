@@ -231,3 +231,37 @@ def test_mixed_step_through_the_attention_layer_matches_math() -> None:
             min_decode_context=6))
         outs[name] = attn.forward(0, q, k, v, meta)
     torch.testing.assert_close(outs["triton"], outs["math"], atol=2e-4, rtol=2e-4)
+
+
+def test_the_attention_layer_hands_dependent_launch_to_its_kernels(monkeypatch) -> None:
+    """``dependent_launch`` (the Triton step ops' setting) reaches the store and decode
+    launches, and the step's output does not depend on it (off CUDA no kernel takes it)."""
+    gen = torch.Generator().manual_seed(6)
+    kvh, group, hd = 2, 2, 64
+    lens = [9, 17]
+    tables = _tables(lens, 4, gen)
+    seen = {"store": [], "decode": []}
+    store, decode = triton_attention.store_kv, triton_attention.paged_decode
+    monkeypatch.setattr(triton_attention, "store_kv", lambda *a, **kw: (
+        seen["store"].append(a[8] if len(a) > 8 else kw.get("dependent_launch", False)),
+        store(*a, **kw))[1])
+    monkeypatch.setattr(triton_attention, "paged_decode", lambda *a, **kw: (
+        seen["decode"].append(kw.get("dependent_launch", False)), decode(*a, **kw))[1])
+    q = torch.randn(2, kvh * group, hd, generator=gen)
+    k = torch.randn(2, kvh, hd, generator=gen)
+    v = torch.randn(2, kvh, hd, generator=gen)
+    slots = torch.cat([_slots(tables[i], [lens[i] - 1]) for i in range(2)])
+    outs = []
+    for flag in (False, True):
+        cache = _cache(kvh, hd, torch.float32, "auto")
+        _fill(cache, tables, [n - 1 for n in lens], torch.Generator().manual_seed(7))
+        attn = Attention(kvh * group, kvh, hd, "triton", cache)
+        meta = attn.prepare(AttentionMetadata(
+            slot_mapping=slots, block_tables=tables,
+            context_lens=torch.tensor(lens, dtype=torch.int32),
+            query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32), num_decode=2,
+            max_decode_context=max(lens), min_decode_context=min(lens)))
+        seen["store"].clear()  # the context written by _fill
+        outs.append(attn.forward(0, q, k, v, meta, None, flag))
+        assert seen["store"] == [flag] and seen["decode"][-1] == flag
+    torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
