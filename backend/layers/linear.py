@@ -220,10 +220,9 @@ class DenseLinear(Linear):
             else self.kernel
 
     def few_tokens(self, x: torch.Tensor) -> torch.Tensor | None:
-        x = x.contiguous()
         if not skinny_gemm.runs(x, self.weight):
             return None
-        return skinny_gemm.skinny_gemm(x, self.weight, self.bias)
+        return skinny_gemm.skinny_gemm(x.contiguous(), self.weight, self.bias)
 
     def _gemv_runs(self, dtype: torch.dtype, device: torch.device) -> bool:
         return gemv.AVAILABLE and self.weight.dtype == dtype and (

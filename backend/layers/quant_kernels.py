@@ -44,7 +44,8 @@ except ImportError:  # CPU-only installs: the CPU packed ops need no Triton
     triton = None
 
 from backend.layers import pdl
-from backend.layers.gemv import NONE, Prologue
+from backend.layers.gpu import multiprocessors
+from backend.layers.gemv import Prologue
 from backend.layers.skinny_gemm import finish_splits, split_out
 
 if triton is not None:
@@ -507,18 +508,6 @@ def _bucket(M: int) -> int:
     return 1 if M == 1 else 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 128
 
 
-_SM_COUNT: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
-
-
 def _split_k(split: int, tiles: int, steps: int, device: torch.device, per_sm: int = 1) -> int:
     """Programs along K: the configured number, or (0) the fewest (a power of two, at most
     4) that give every multiprocessor ``per_sm`` programs, keeping >= 4 loop steps per
@@ -526,7 +515,7 @@ def _split_k(split: int, tiles: int, steps: int, device: torch.device, per_sm: i
     evens out the waves: 192 tiles on 132 multiprocessors leave 60 of them a second one."""
     if split <= 0:
         split = 1
-        while (tiles * split < per_sm * _sm_count(device) and split < 4
+        while (tiles * split < per_sm * multiprocessors(device, 132) and split < 4
                and steps // (split * 2) >= 4):
             split *= 2
     return max(1, min(split, steps))
@@ -550,7 +539,7 @@ def _gemv_grid(cfg: dict, N: int, words: int, step: int,
     multiprocessor (the 4096-row layers at 16 rows a program leave half the GPU idle) are
     made up by splitting K (``SPLIT_GEMV``, up to 8 ways, >= 2 steps each; the fp32 partial
     sums cost one more small kernel) or else by halving the rows per program."""
-    bn, target = cfg["BLOCK_N"], cfg.get("PROGRAMS_PER_SM", 0) * _sm_count(device)
+    bn, target = cfg["BLOCK_N"], cfg.get("PROGRAMS_PER_SM", 0) * multiprocessors(device, 132)
     steps = triton.cdiv(words, step)
     split = 1
     if cfg.get("SPLIT_GEMV"):
@@ -579,14 +568,9 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     if M == 1 and "MAGIC" in cfg:  # GEMV configs carry MAGIC, GEMM configs SPLIT_K
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
         if cfg.get("WORDS") and K % 4 == 0:
-            bw = bk // 4
-            bn, split, per = _gemv_grid(cfg, N, K // 4, bw, x.device)
+            bn, split, per = _gemv_grid(cfg, N, K // 4, bk // 4, x.device)
             y, out = split_out(x, M, N, split)
-            _int8_gemv_words[(triton.cdiv(N, bn), split)](
-                x, q.view(torch.int32), scale, out, N, K // 4, per, x, x, x, 0.0, BLOCK_N=bn,
-                BLOCK_W=bw, EVEN=N % bn == 0 and (K // 4) % bw == 0,
-                STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, PRO=NONE,
-                XVEC=cfg.get("XVEC", 0), **_launch_opts(cfg, x.device))
+            _int8_words(x, q, scale, out, cfg, bn, split, per, Prologue())
             return finish_splits(y, out, split)
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         _int8_gemv[(triton.cdiv(N, bn),)](
@@ -614,18 +598,26 @@ def int8_gemv_fused(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     cfg = config or INT8_FUSED.get((N, K))
     if not (cfg and cfg.get("WORDS") and "MAGIC" in cfg and K % 4 == 0 and x.shape[0] == 1):
         return None
-    bw = cfg["BLOCK_K"] // 4
-    bn, split, per = _gemv_grid(cfg, N, K // 4, bw, x.device)
+    bn, split, per = _gemv_grid(cfg, N, K // 4, cfg["BLOCK_K"] // 4, x.device)
     if split > 1:
         return None
-    r_in, nw, r_out, carried = prologue.args(x)
     y = torch.empty(1, N, device=x.device, dtype=x.dtype)
-    _int8_gemv_words[(triton.cdiv(N, bn), 1)](
-        x, q.view(torch.int32), scale, y, N, K // 4, per, r_in, nw, r_out, prologue.eps,
-        BLOCK_N=bn, BLOCK_W=bw, EVEN=N % bn == 0 and (K // 4) % bw == 0,
-        STAGES=cfg.get("STAGES", 1), PARTIAL=False, PRO=prologue.kind, XVEC=cfg.get("XVEC", 0),
-        **_launch_opts(cfg, x.device))
-    return y, carried
+    return y, _int8_words(x, q, scale, y, cfg, bn, 1, per, prologue)
+
+
+def _int8_words(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
+                cfg: dict, bn: int, split: int, per: int, prologue: Prologue
+                ) -> torch.Tensor | None:
+    """Launch ``_int8_gemv_words`` (``bn`` rows a program, K split ``split`` ways of ``per``
+    words) into ``out`` (y, or the fp32 partials when split); the residual to carry."""
+    N, kw, bw = q.shape[0], q.shape[1] // 4, cfg["BLOCK_K"] // 4
+    r_in, nw, r_out, carried = prologue.args(x)
+    _int8_gemv_words[(triton.cdiv(N, bn), split)](
+        x, q.view(torch.int32), scale, out, N, kw, per, r_in, nw, r_out, prologue.eps,
+        BLOCK_N=bn, BLOCK_W=bw, EVEN=N % bn == 0 and kw % bw == 0,
+        STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, PRO=prologue.kind,
+        XVEC=cfg.get("XVEC", 0), **_launch_opts(cfg, x.device))
+    return carried
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,

@@ -17,7 +17,6 @@ program redoes [BLOCK_M, K] of elementwise work per BLOCK_N weight rows).
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -29,6 +28,7 @@ except ImportError:  # CPU-only installs
     triton = None
 
 from backend.layers import pdl
+from backend.layers.gpu import multiprocessors
 
 if triton is not None:
     from backend.layers.pdl import release as pdl_release
@@ -170,15 +170,9 @@ def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and config_for(x.shape[0], *weight.shape) is not None)
 
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count \
-        if device.type == "cuda" else 132
-
-
 def _auto_split(N: int, bn: int, steps: int, device: torch.device) -> int:
     """K splits (1, 2 or 4) that give every multiprocessor a program, >= 4 steps each."""
-    sms = _multiprocessors(device)
+    sms = multiprocessors(device, 132)
     split = 1
     while triton.cdiv(N, bn) * split < sms and split < 4 and steps // (2 * split) >= 4:
         split *= 2

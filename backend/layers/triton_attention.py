@@ -33,7 +33,6 @@ the GPU anyway).
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -42,6 +41,7 @@ import triton.language as tl
 
 from backend.layers import pdl
 from backend.layers.fused_ops import rotate_halves
+from backend.layers.gpu import multiprocessors
 from backend.layers.pdl import release as pdl_release
 from backend.layers.pdl import wait as pdl_wait
 from backend.layers.kv_cache import TRANSPOSED_V
@@ -422,16 +422,11 @@ def decode_splits(batch: int, kv_heads: int, max_context: int | None, device: to
     """Splits of each context so that batch x kv_heads x splits fills the GPU about twice.
     Depends on the batch only (CUDA graphs fix it per batch size), capped by the longest
     context when it is known (no split without a tile to work on)."""
-    sms = _multiprocessors(device) if device.type == "cuda" else 2
+    sms = multiprocessors(device, 2)
     splits = min(16, triton.next_power_of_2(-(-2 * sms // (batch * kv_heads))))
     if max_context is not None:
         splits = min(splits, triton.next_power_of_2(-(-max_context // block_n)))
     return max(1, splits)
-
-
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | None,
