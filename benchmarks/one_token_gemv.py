@@ -40,7 +40,7 @@ from backend.layers.linear import WeightFormat
 from backend.layers.quantize import quantize_int8
 from backend.model import LlamaModel
 from backend.weights.presets import PRESETS
-from benchmarks.quant import engine_level, graph_time_us
+from benchmarks.quant import engine_level, graph_time_us, rel_err
 from benchmarks.quant_sweep import copy_gbs
 from benchmarks.quant_sweep import variants as quant_variants
 
@@ -97,8 +97,7 @@ def checked_time(calls: list, ref: torch.Tensor, device) -> float:
     """µs per call of ``calls`` (one per weight copy), once the first call's output (or
     its first element) is within 3 % of ``ref`` (relative to its largest value)."""
     y = calls[0]()
-    y = (y[0] if isinstance(y, tuple) else y).float()
-    err = ((y - ref).abs().max() / ref.abs().max()).item()
+    err = rel_err(y[0] if isinstance(y, tuple) else y, ref)
     if err > 3e-2:
         raise AssertionError(f"relative error {err:.3g}")
     return _time_rotating(calls, device)
@@ -253,11 +252,9 @@ def chain_level(weights: str, device, dtype, preset: str = "llama-2-7b", tokens:
             cos, sin = model.cos_table[:tokens], model.sin_table[:tokens]
         for name, ops in variants.items():
             got = step(ops).float()
-            out[f"{name}_logits_rel_err"] = round(
-                ((got - ref).abs().max() / ref.abs().max()).item(), 5)
+            out[f"{name}_logits_rel_err"] = round(rel_err(got, ref), 5)
             if ref32 is not None:
-                out[f"{name}_vs_fp32_rel_err"] = round(
-                    ((got - ref32).abs().max() / ref32.abs().max()).item(), 5)
+                out[f"{name}_vs_fp32_rel_err"] = round(rel_err(got, ref32), 5)
                 out[f"{name}_vs_fp32_top1"] = bool(
                     (got.argmax(-1) == ref32.argmax(-1)).all())
             out[f"{name}_us"] = _time(partial(step, ops), 0, device) if device.type == "cuda" \

@@ -106,6 +106,11 @@ def cpu_crossover(reps: int) -> list[dict]:
     return rows
 
 
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest error of y against ref, relative to ref's largest magnitude."""
+    return ((y.float() - ref).abs().max() / ref.abs().max()).item()
+
+
 def graph_time_us(fn, iters: int = 50) -> float:
     """Median of CUDA-graph replays of ``iters`` calls (launch overhead excluded, as in the
     engine's decode graphs)."""
@@ -149,7 +154,7 @@ def layer_level(peak_gbs: float) -> list[dict]:
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
             for fmt_name, layer in layers.items():
                 ref = x.float() @ layer.dequantized().t()
-                err = ((layer(x).float() - ref).abs().max() / ref.abs().max()).item()
+                err = rel_err(layer(x), ref)
                 us = graph_time_us(partial(layer, x))
                 nbytes = _weight_bytes(layer)
                 rows.append({"shape": name, "N": N, "K": K, "M": M, "format": fmt_name,

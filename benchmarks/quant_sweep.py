@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from backend.layers import quant_kernels as qk
 from backend.layers.quantize import quantize_int4, quantize_int8
-from benchmarks.quant import engine_level, graph_time_us
+from benchmarks.quant import engine_level, graph_time_us, rel_err
 
 SHAPES_7B = (("qkv", 12288, 4096), ("o", 4096, 4096), ("gate_up", 22016, 4096),
              ("down", 4096, 11008))
@@ -251,8 +251,7 @@ def sweep(shapes, Ms, device: torch.device, deadline: float) -> list[dict]:
                            "variant": _name(v), "config": v, "weight_bytes": nbytes}
                     try:
                         fn = wts.fn(fmt, v, x)
-                        y = fn().float()
-                        err = ((y - ref).abs().max() / ref.abs().max()).item()
+                        err = rel_err(fn(), ref)
                         row["rel_err"] = err
                         if not err < 2e-2:
                             row["error"] = "wrong result"
