@@ -29,7 +29,6 @@ import json
 import multiprocessing as mp
 import time
 from functools import partial
-from itertools import cycle
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +39,7 @@ from backend.layers.linear import WeightFormat
 from backend.layers.quantize import quantize_int8
 from backend.model import LlamaModel
 from backend.weights.presets import PRESETS
-from benchmarks.quant import engine_level, graph_time_us, rel_err
+from benchmarks.quant import engine_level, graph_time_us, rel_err, time_rotating
 from benchmarks.quant_sweep import copy_gbs
 from benchmarks.quant_sweep import variants as quant_variants
 
@@ -87,8 +86,8 @@ def cublas_baselines(x: torch.Tensor, pro: Prologue, ws: list[torch.Tensor], dev
     """({cublas_us: cuBLAS alone, unfused_us: the prologue kernel then cuBLAS}, each over
     the rotating weights ``ws``, and the unfused path's output in fp32: the reference)."""
     xk = x if pro.kind != SILU_MUL else fused_ops.silu_mul_triton(x)
-    times = {"cublas_us": _time_rotating([partial(F.linear, xk, w) for w in ws], device),
-             "unfused_us": _time_rotating(
+    times = {"cublas_us": time_rotating([partial(F.linear, xk, w) for w in ws], device),
+             "unfused_us": time_rotating(
                  [partial(unfused, x, pro, partial(F.linear, weight=w)) for w in ws], device)}
     return times, unfused(x, pro, partial(F.linear, weight=ws[0])).float()
 
@@ -100,21 +99,7 @@ def checked_time(calls: list, ref: torch.Tensor, device) -> float:
     err = rel_err(y[0] if isinstance(y, tuple) else y, ref)
     if err > 3e-2:
         raise AssertionError(f"relative error {err:.3g}")
-    return _time_rotating(calls, device)
-
-
-def _time_rotating(calls: list, device) -> float:
-    """µs per call of zero-argument ``calls`` run in turn (one per weight copy)."""
-    turn = cycle(calls)
-    return _time(lambda: next(turn)(), len(calls), device)
-
-
-def _time(fn, n_copies: int, device) -> float:
-    if device.type != "cuda":
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e6
-    return graph_time_us(fn, iters=max(20, 2 * n_copies))
+    return time_rotating(calls, device)
 
 
 def _warm(args: tuple) -> list[str]:
@@ -183,7 +168,7 @@ def layer_level(shapes, device, dtype) -> tuple[list[dict], dict, dict]:
         qs = [quantize_int8(torch.randn(N, K, device=device) * 0.02) for _ in range(n8)]
         qs = [(q, s.to(dtype)) for q, s in qs]
         row["int8_copies"] = n8
-        row["int8_unfused_us"] = _time_rotating([partial(  # the committed one-token path
+        row["int8_unfused_us"] = time_rotating([partial(  # the committed one-token path
             unfused, x, pro, partial(quant_kernels.int8_matmul, q=q, scale=s)) for q, s in qs],
             device)
         ref8 = unfused(x, pro, partial(quant_kernels.int8_matmul, q=qs[0][0],
@@ -257,7 +242,7 @@ def chain_level(weights: str, device, dtype, preset: str = "llama-2-7b", tokens:
                 out[f"{name}_vs_fp32_rel_err"] = round(rel_err(got, ref32), 5)
                 out[f"{name}_vs_fp32_top1"] = bool(
                     (got.argmax(-1) == ref32.argmax(-1)).all())
-            out[f"{name}_us"] = _time(partial(step, ops), 0, device) if device.type == "cuda" \
+            out[f"{name}_us"] = graph_time_us(partial(step, ops), iters=20) if device.type == "cuda" \
                 else None
     return out  # the model goes with this frame (step's closure holds it until then)
 

@@ -25,6 +25,7 @@ import os
 import statistics
 import time
 from functools import partial
+from itertools import cycle
 from pathlib import Path
 
 import torch
@@ -133,6 +134,18 @@ def graph_time_us(fn, iters: int = 50) -> float:
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) * 1e3 / iters)
     return statistics.median(times)
+
+
+def time_rotating(calls: list, device: torch.device, min_iters: int = 20) -> float:
+    """µs per call of zero-argument ``calls`` run in turn (one per weight copy, so that no
+    layer is served from L2): CUDA-graph replays of at least two rounds; off CUDA (smoke
+    runs) the wall-clock time of one call."""
+    if device.type != "cuda":
+        t = time.perf_counter()
+        calls[0]()
+        return (time.perf_counter() - t) * 1e6
+    turn = cycle(calls)
+    return graph_time_us(lambda: next(turn)(), iters=max(min_iters, 2 * len(calls)))
 
 
 def _weight_bytes(layer) -> int:

@@ -30,12 +30,13 @@ import torch.nn.functional as F
 
 from backend.layers import quant_kernels as qk
 from backend.layers.quantize import quantize_int4, quantize_int8
-from benchmarks.quant import engine_level, graph_time_us, rel_err
+from benchmarks.quant import engine_level, rel_err, time_rotating
 
 SHAPES_7B = (("qkv", 12288, 4096), ("o", 4096, 4096), ("gate_up", 22016, 4096),
              ("down", 4096, 11008))
 SHAPES_SMOKE = (("a", 64, 256), ("b", 48, 512))
 FORMATS = ("int8", "int4-g32", "int4-g128")
+ROTATE_BYTES = 240 << 20  # weight copies a timing graph reads in turn (L2: 50 MB)
 
 
 def _v(kind: str, **kw) -> dict:
@@ -57,7 +58,8 @@ WORDS_INT4 = ((16, 512, 4, 1, 0, 0), (16, 512, 4, 3, 0, 0), (32, 256, 4, 1, 0, 0
               (16, 1024, 8, 3, 0, 0), (64, 128, 4, 3, 0, 0), (8, 1024, 4, 3, 0, 0),
               (32, 256, 4, 3, 2, 1), (32, 256, 4, 3, 4, 1), (32, 256, 4, 1, 4, 1),
               (16, 512, 4, 3, 4, 1), (32, 512, 8, 3, 2, 1), (64, 128, 4, 3, 2, 1),
-              (64, 256, 8, 3, 2, 1), (16, 512, 4, 1, 4, 1), (16, 256, 4, 3, 4, 1))
+              (64, 256, 8, 3, 2, 1), (16, 512, 4, 1, 4, 1), (16, 256, 4, 3, 4, 1),
+              (64, 128, 2, 1, 4, 1), (64, 128, 2, 3, 4, 1), (32, 128, 1, 3, 8, 1))
 
 
 def _words(size_key: str, rows) -> list[dict]:
@@ -118,7 +120,8 @@ def _config(v: dict) -> dict:
 
 
 class Weights:
-    """One shape's weight in every format (codes, scales, packed layouts)."""
+    """One shape's weight in every format (codes, scales, packed layouts), and copies of the
+    codes to rotate through (``calls``)."""
 
     def __init__(self, N: int, K: int, device: torch.device, seed: int = 0) -> None:
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -137,11 +140,15 @@ class Weights:
             self.ref[f"int4-g{G}"] = qk.dequantize_int4(packed, scale, lo, G).float()
         del w
         self._tiny: dict = {}
+        self._copies: dict = {}
 
-    def fn(self, fmt: str, v: dict, x: torch.Tensor):
-        """A zero-argument call of variant ``v`` on x, or raises if it cannot run."""
+    def calls(self, fmt: str, v: dict, x: torch.Tensor) -> list:
+        """Zero-argument calls of variant ``v`` on x, one per copy of the codes: enough
+        copies that the calls in turn read ``ROTATE_BYTES`` (no layer served from L2);
+        one call off CUDA. Raises if the variant cannot run."""
         if fmt == "int8":
-            return partial(qk.int8_matmul, x, self.q, self.s, _config(v))
+            return [partial(qk.int8_matmul, x, q, self.s, _config(v))
+                    for q in self._rotated("int8", self.q)]
         G = int(fmt.split("g")[1])
         codes, packed, scale, lo = self.int4[G]
         if v["kind"] == "tinygemm":
@@ -154,18 +161,17 @@ class Weights:
                 sz = torch.stack([scale, lo + 8 * scale], dim=-1).transpose(0, 1).contiguous()
                 self._tiny[key] = (wp, sz)
             wp, sz = self._tiny[key]
-            return partial(torch.ops.aten._weight_int4pack_mm, x, wp, G, sz)
-        return partial(qk.int4_matmul, x, packed, scale, lo, G, _config(v))
+            return [partial(torch.ops.aten._weight_int4pack_mm, x, p, G, sz)
+                    for p in self._rotated(key, wp)]
+        return [partial(qk.int4_matmul, x, p, scale, lo, G, _config(v))
+                for p in self._rotated(G, packed)]
 
-
-def _time_us(fn, device: torch.device) -> float:
-    """CUDA-graph replays (``benchmarks.quant.graph_time_us``); on the CPU (smoke) the
-    wall-clock time of one call."""
-    if device.type != "cuda":
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e6
-    return graph_time_us(fn, iters=30)
+    def _rotated(self, key, codes: torch.Tensor) -> list[torch.Tensor]:
+        if key not in self._copies:
+            n = 1 if codes.device.type != "cuda" else -(-ROTATE_BYTES // (
+                codes.numel() * codes.element_size()))
+            self._copies[key] = [codes] + [codes.clone() for _ in range(n - 1)]
+        return self._copies[key]
 
 
 def copy_gbs(device: torch.device) -> float:
@@ -237,7 +243,8 @@ def sweep(shapes, Ms, device: torch.device, deadline: float) -> list[dict]:
                 rows.append({"shape": name, "M": M, "skipped": "budget"})
                 continue
             x = torch.randn(M, K, device=device, dtype=wts.dtype)
-            us = _time_us(partial(F.linear, x, wts.bf16.to(wts.dtype)), device)
+            us = time_rotating([partial(F.linear, x, w.to(wts.dtype))
+                           for w in wts._rotated("bf16", wts.bf16)], device)
             rows.append({"shape": name, "N": N, "K": K, "M": M, "format": "bf16",
                          "variant": "cuBLAS F.linear", "us": round(us, 2),
                          "weight_bytes": N * K * 2})
@@ -250,13 +257,13 @@ def sweep(shapes, Ms, device: torch.device, deadline: float) -> list[dict]:
                     row = {"shape": name, "N": N, "K": K, "M": M, "format": fmt,
                            "variant": _name(v), "config": v, "weight_bytes": nbytes}
                     try:
-                        fn = wts.fn(fmt, v, x)
-                        err = rel_err(fn(), ref)
+                        calls = wts.calls(fmt, v, x)
+                        err = rel_err(calls[0](), ref)
                         row["rel_err"] = err
                         if not err < 2e-2:
                             row["error"] = "wrong result"
                         else:
-                            row["us"] = round(_time_us(fn, device), 2)
+                            row["us"] = round(time_rotating(calls, device), 2)
                     except Exception as exc:  # record and go on with the next variant
                         row["error"] = repr(exc)[:300]
                     rows.append(row)

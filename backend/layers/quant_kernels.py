@@ -9,10 +9,10 @@ Layouts:
 
 ``int8_matmul`` / ``int4_matmul`` run a GEMV for one row of x (a reduction per output, fp32
 accumulate) or, for several rows, a tl.dot GEMM that dequantises each weight tile in
-registers, optionally split along K (fp32 partial sums, then a small reduction kernel) so
-that skinny layers still occupy every multiprocessor. Both read each weight byte once per
-call. Tile shapes and variants come from ``CONFIGS``, keyed by format and token-count
-bucket. Every choice depends on shapes only, so the calls can be captured in CUDA graphs.
+registers; either may split K (fp32 partial sums, see ``splits``: the GEMVs add them up in
+the kernel) so that skinny layers still occupy every multiprocessor. Both read each weight
+byte once per call. Tile shapes and variants come from ``CONFIGS``, keyed by format and
+token-count bucket. Every choice depends on shapes only, so the calls can be captured in CUDA graphs.
 Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (the tests do that).
 
 Decoding codes without an int -> float conversion (``MAGIC``; conversions issue at a
@@ -46,12 +46,13 @@ except ImportError:  # CPU-only installs: the CPU packed ops need no Triton
 from backend.layers import pdl
 from backend.layers.gpu import multiprocessors
 from backend.layers.gemv import Prologue
-from backend.layers.skinny_gemm import finish_splits, split_out
+from backend.layers.splits import added_in_kernel, finish_splits, split_out
 
 if triton is not None:
     from backend.layers.gemv import norm_scale, prologue_values
     from backend.layers.pdl import release as pdl_release
     from backend.layers.pdl import wait as pdl_wait
+    from backend.layers.splits import add_splits
 
 AVAILABLE = triton is not None and (torch.cuda.is_available()
                                     or os.environ.get("TRITON_INTERPRET") == "1")
@@ -97,9 +98,13 @@ CONFIGS: dict[str, dict[int, dict]] = {
     # g32 at one token: the per-weight GEMV (87.9 us per block; word-wise 94.8)
     "int4-g32": {1: dict(BLOCK_N=2, BYTES=1024, MAGIC=1, num_warps=4, num_stages=3),
                  **{m: dict(_INT4_GEMM, BLOCK_N=128, num_warps=8) for m in (16, 32, 64, 128)}},
-    # g128 at one token: word-wise, 64 rows a program, pipelined, K split for 4096-row layers
-    "int4-g128": {1: dict(BLOCK_N=64, BYTES=128, MAGIC=1, WORDS=1, STAGES=3, PROGRAMS_PER_SM=2,
-                          SPLIT_GEMV=1, num_warps=4, num_stages=3),
+    # g128 at one token: word-wise, 64 rows a program on two warps (8 rows a thread share
+    # each x value: 3.5 instructions a weight against 5.0 with four warps), four programs
+    # per multiprocessor, K split for the 4096-row layers. With weights rotated past L2:
+    # 59.4 us per block against 71.5 for four warps, pipelined, two programs (the
+    # previous pick, from a sweep that reused one weight copy).
+    "int4-g128": {1: dict(BLOCK_N=64, BYTES=128, MAGIC=1, WORDS=1, STAGES=1, PROGRAMS_PER_SM=4,
+                          SPLIT_GEMV=1, num_warps=2, num_stages=3),
                   **{m: dict(_INT4_GEMM, SPLIT_TARGET=1) for m in (16, 32, 64, 128)}},
 }
 # The int8 one-token GEMV with its prologue fused (``int8_gemv_fused``), per (N, K): only
@@ -212,15 +217,15 @@ if triton is not None:
         return (w & MASK).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, N, kw, W_SPLIT, r_ptr, nw_ptr, ro_ptr,
-                         eps, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+    def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, kw, W_SPLIT, r_ptr,
+                         nw_ptr, ro_ptr, eps, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
                          EVEN: tl.constexpr, STAGES: tl.constexpr, PARTIAL: tl.constexpr,
                          PRO: tl.constexpr, XVEC: tl.constexpr, PDL: tl.constexpr):
         # q read as int32 words [N, K / 4] (word i: columns 4i..4i+3). XOR 0x80 per byte
         # gives u = q + 128 in 0..255; byte b decodes with one AND (``_subnormal``, the top
         # byte after a shift by 8) and its x is pre-scaled by 2^(100 - P), so each product
         # is u * x * 2^-49; y = scale * (2^49 * sum u x - 128 * sum x). kw = K / 4; program
-        # (i, k) covers words [k W_SPLIT, (k + 1) W_SPLIT) (PARTIAL: fp32 sums [splits, N]).
+        # (i, k) covers words [k W_SPLIT, (k + 1) W_SPLIT) (PARTIAL: ``add_splits``).
         # PRO: the activation's prologue (``gemv.prologue_values``; a norm needs one split).
         pdl_wait(PDL)
         pid_k = tl.program_id(1)
@@ -284,12 +289,12 @@ if triton is not None:
         t = tl.sum(acc, axis=1) * (2.0 ** 49) - 128.0 * tl.sum(xs, axis=0)  # [BN]
         s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
         s = s * norm_scale(tl.sum(ss, axis=0), 4 * kw, eps, PRO)
-        _store_row(y_ptr, t * s, rn, pid_k, N, PARTIAL)
+        _store_row(y_ptr, part_ptr, cnt_ptr, t * s, rn, pid_k, N, PARTIAL)
 
     @triton.jit
-    def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, hw, W_SPLIT, G: tl.constexpr,
-                         BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr,
-                         STAGES: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr):
+    def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw,
+                         W_SPLIT, G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                         EVEN: tl.constexpr, STAGES: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr):
         # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
         # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
         # A nibble decodes with one AND (``_subnormal``: n * 2^(P - 149) for its bit
@@ -299,7 +304,7 @@ if triton is not None:
         # Tile [BLOCK_N rows, GROUPS groups, G / 4 words]: x and its sums are shared by
         # the rows a thread holds. hw = K / 8 words per row, an argument so that Triton sees
         # its divisibility (16-byte loads). Program (i, k) covers words [k W_SPLIT,
-        # (k + 1) W_SPLIT) of each row half (PARTIAL: fp32 sums [splits, N]).
+        # (k + 1) W_SPLIT) of each row half (PARTIAL: ``add_splits``).
         pdl_wait(PDL)
         pid_k = tl.program_id(1)
         half = K // 2
@@ -362,13 +367,15 @@ if triton is not None:
             acc_z += z_lo * tl.sum(xs_lo, axis=1)[None, :] + z_hi * tl.sum(xs_hi, axis=1)[None, :]
         pdl_release(PDL)
         y = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
-        _store_row(y_ptr, y, rn, pid_k, N, PARTIAL)
+        _store_row(y_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, PARTIAL)
 
     @triton.jit
-    def _store_row(y_ptr, y, rn, pid_k, N, PARTIAL: tl.constexpr):
-        """y [BN] (fp32) into y_ptr[rn], or into the partial buffer [splits, N] at pid_k."""
+    def _store_row(y_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, PARTIAL: tl.constexpr):
+        """y [BN] (fp32) into y_ptr[rn]; split along K (grid axis 1), through
+        ``add_splits``."""
         if PARTIAL:
-            tl.store(y_ptr + pid_k * N + rn, y, mask=rn < N)
+            add_splits(y_ptr, part_ptr, cnt_ptr, y, rn, rn < N, N, pid_k, tl.num_programs(1),
+                       tl.program_id(0))
         else:
             tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
@@ -376,7 +383,7 @@ if triton is not None:
     def _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP: tl.constexpr,
                     PARTIAL: tl.constexpr):
         """acc [BM, BN] (or [BN, BM] when SWAP) into y [M, N], or fp32 into the partial
-        buffer [SPLIT_K, M, N] at split pid_k."""
+        buffer [SPLIT_K, M, N] at split pid_k (``splits.finish_splits``)."""
         if SWAP:
             offs = rm[None, :] * N + rn[:, None]
             mask = (rm[None, :] < M) & (rn[:, None] < N)
@@ -569,9 +576,9 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
         if cfg.get("WORDS") and K % 4 == 0:
             bn, split, per = _gemv_grid(cfg, N, K // 4, bk // 4, x.device)
-            y, out = split_out(x, M, N, split)
+            out = added_in_kernel(x, M, N, split, triton.cdiv(N, bn))
             _int8_words(x, q, scale, out, cfg, bn, split, per, Prologue())
-            return finish_splits(y, out, split)
+            return out[0]
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         _int8_gemv[(triton.cdiv(N, bn),)](
             x, q, scale, y, N, K, BLOCK_N=bn, BLOCK_K=bk, MAGIC=cfg["MAGIC"],
@@ -602,18 +609,19 @@ def int8_gemv_fused(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     if split > 1:
         return None
     y = torch.empty(1, N, device=x.device, dtype=x.dtype)
-    return y, _int8_words(x, q, scale, y, cfg, bn, 1, per, prologue)
+    return y, _int8_words(x, q, scale, (y, y, y), cfg, bn, 1, per, prologue)
 
 
-def _int8_words(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
-                cfg: dict, bn: int, split: int, per: int, prologue: Prologue
-                ) -> torch.Tensor | None:
+def _int8_words(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cfg: dict, bn: int,
+                split: int, per: int, prologue: Prologue) -> torch.Tensor | None:
     """Launch ``_int8_gemv_words`` (``bn`` rows a program, K split ``split`` ways of ``per``
-    words) into ``out`` (y, or the fp32 partials when split); the residual to carry."""
+    words) into ``out`` (``added_in_kernel``'s y, partials, counters); the residual to
+    carry."""
     N, kw, bw = q.shape[0], q.shape[1] // 4, cfg["BLOCK_K"] // 4
     r_in, nw, r_out, carried = prologue.args(x)
     _int8_gemv_words[(triton.cdiv(N, bn), split)](
-        x, q.view(torch.int32), scale, out, N, kw, per, r_in, nw, r_out, prologue.eps,
+        x, q.view(torch.int32), scale, *out, N, kw, per, r_in, nw, r_out, prologue.eps,
         BLOCK_N=bn, BLOCK_W=bw, EVEN=N % bn == 0 and kw % bw == 0,
         STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, PRO=prologue.kind,
         XVEC=cfg.get("XVEC", 0), **_launch_opts(cfg, x.device))
@@ -634,12 +642,12 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
         if cfg.get("WORDS"):
             bn, split, per = _gemv_grid(cfg, N, K // 8, groups * G // 4, x.device)
-            y, out = split_out(x, M, N, split)
+            y, part, cnt = added_in_kernel(x, M, N, split, triton.cdiv(N, bn))
             _int4_gemv_words[(triton.cdiv(N, bn), split)](
-                x, packed.view(torch.int32), scale, lo, out, N, K, K // 8, per, G=G,
+                x, packed.view(torch.int32), scale, lo, y, part, cnt, N, K, K // 8, per, G=G,
                 BLOCK_N=bn, GROUPS=groups, EVEN=N % bn == 0 and half % (groups * G) == 0,
                 STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, **_launch_opts(cfg, x.device))
-            return finish_splits(y, out, split)
+            return y
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn = cfg["BLOCK_N"]
         even = N % bn == 0 and half % (groups * G) == 0

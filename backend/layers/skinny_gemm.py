@@ -29,6 +29,7 @@ except ImportError:  # CPU-only installs
 
 from backend.layers import pdl
 from backend.layers.gpu import multiprocessors
+from backend.layers.splits import finish_splits, split_out
 
 if triton is not None:
     from backend.layers.pdl import release as pdl_release
@@ -127,37 +128,6 @@ if triton is not None:
             tl.store(y_ptr + pid_k * M * N + offs, acc, mask=mask)
         else:
             tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def _sum_splits(p_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-                    PDL: tl.constexpr):
-        # y = sum over the SPLIT_K fp32 partials [SPLIT_K, MN], cast to y's dtype.
-        pdl_wait(PDL)
-        pdl_release(PDL)
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < MN
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            acc += tl.load(p_ptr + s * MN + offs, mask=m, other=0.0)
-        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=m)
-
-
-def split_out(x: torch.Tensor, M: int, N: int, split: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y [M, N] in x's dtype, the buffer a kernel split ``split`` ways along K writes: y
-    itself, or fp32 partials [split, M, N])."""
-    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    if split == 1:
-        return y, y
-    return y, torch.empty(split, M, N, device=x.device, dtype=torch.float32)
-
-
-def finish_splits(y: torch.Tensor, out: torch.Tensor, split: int) -> torch.Tensor:
-    """y = the sum of the partials ``out`` (nothing to do when the kernel did not split)."""
-    if split > 1:
-        MN = y.numel()
-        _sum_splits[(triton.cdiv(MN, 1024),)](out, y, MN, SPLIT_K=split, BLOCK=1024,
-                                              **pdl.launch(y.device))
-    return y
 
 
 def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
