@@ -294,7 +294,8 @@ if triton is not None:
     @triton.jit
     def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw,
                          W_SPLIT, G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                         EVEN: tl.constexpr, STAGES: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr):
+                         EVEN: tl.constexpr, STAGES: tl.constexpr, PARTIAL: tl.constexpr,
+                         PDL: tl.constexpr):
         # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
         # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
         # A nibble decodes with one AND (``_subnormal``: n * 2^(P - 149) for its bit
@@ -362,7 +363,8 @@ if triton is not None:
                 t_lo += f_lo * xl[None, :, :]
                 t_hi += f_hi * xh[None, :, :]
             s_lo, s_hi = s_lo * (2.0 ** 49), s_hi * (2.0 ** 49)
-            acc += t_lo * s_lo[:, :, None] + t_hi * s_hi[:, :, None]
+            acc += t_lo * s_lo[:, :, None]  # two FMAs (a sum of both products is three)
+            acc += t_hi * s_hi[:, :, None]
             # min * (sum of the group's x): once per row and group, the x sums shared
             acc_z += z_lo * tl.sum(xs_lo, axis=1)[None, :] + z_hi * tl.sum(xs_hi, axis=1)[None, :]
         pdl_release(PDL)
