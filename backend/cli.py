@@ -9,7 +9,7 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from backend.engine.config import EngineConfig
+from backend.engine.config import PREFILL_DENSE_MAX_GIB, EngineConfig
 from backend.schema import describe
 from backend.server.config import DEFAULT_MODEL, PROFILE_TOKEN_ENV, ServerConfig
 
@@ -47,6 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inputs per int4 scale/min pair (default: %(default)s)")
     p.add_argument("--lm-head-dtype", default="model", choices=("model", "int8", "int4"),
                    help="the output projection's weights (default: the model dtype)")
+    p.add_argument("--prefill-dense-weights", default="auto", choices=("auto", "on", "off"),
+                   help="CPU only (no effect on CUDA): quantised layers also keep their "
+                        "weight dense in the model dtype, built once at load from the codes, "
+                        "for prefill (calls of 64 / 128+ tokens for int8 / int4), which then "
+                        "skips dequantising per call; decode keeps the packed kernels. auto = "
+                        "on when all copies fit --prefill-dense-max-gib (default: %(default)s)")
+    p.add_argument("--prefill-dense-max-gib", type=float, default=PREFILL_DENSE_MAX_GIB,
+                   metavar="GiB",
+                   help="memory the dense prefill copies may take under "
+                        "--prefill-dense-weights auto (default: %(default)s)")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB",
                    help="KV cache size in GiB (default: sized from free memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -96,7 +106,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_num_batched_tokens=args.max_num_batched_tokens, scheduling=args.scheduling,
         attention=args.attention, kv_cache_dtype=args.kv_cache_dtype,
         weights_dtype=args.weights_dtype, int4_group_size=args.int4_group_size,
-        lm_head_dtype=args.lm_head_dtype,
+        lm_head_dtype=args.lm_head_dtype, prefill_dense_weights=args.prefill_dense_weights,
+        prefill_dense_max_gib=args.prefill_dense_max_gib,
         kv_cache_memory_gib=args.kv_cache_memory, block_size=args.block_size,
         cuda_graph=args.cuda_graph, cuda_graph_max_tokens=args.cuda_graph_max_tokens,
         nvtx=args.nvtx, nvtx_prefix=args.nvtx_prefix,

@@ -10,6 +10,8 @@ Three figures for the same model, prompts and token counts, in one run:
 Output lengths are forced (backend: ignore_eos; transformers: min_new_tokens). The two sides
 alternate repetition by repetition (the idle side uses no CPU), so load from other work on the
 machine hits both alike. Medians are reported next to every raw sample in the JSON.
+The JSON also keeps what the backend's /health said about its weights and kernels, and the
+server's resident memory (VmRSS, and the peak VmHWM) after start-up and at the end.
 
     flock /tmp/ft-heavy.lock .venv/bin/python -m benchmarks.backend_cpu \
         --out docs/benchmarks/backend-cpu.json
@@ -42,6 +44,21 @@ WORDS = ("river mountain quiet engine paper window silver market garden planet s
 
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _rss_mib(pid: int) -> dict[str, float]:
+    """The server's resident memory now (VmRSS: RssAnon + RssFile, the mapped files) and at
+    its peak (VmHWM), MiB (Linux)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+                    out[key] = round(int(value.split()[0]) / 1024, 1)  # kB -> MiB
+    except OSError:
+        pass
+    return out
 
 
 def _text(rng: random.Random, words: int) -> str:
@@ -282,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     proc, base, _ = start_backend(args)
     try:
         health = json.loads(_get(f"{base}/health"))
+        rss_start = _rss_mib(proc.pid)
         model = json.loads(_get(f"{base}/v1/models"))["data"][0]["id"]
         hf = None if args.skip_transformers else TransformersSide()
         result.update(asyncio.run(measure(base, model, hf, prompts, args)))
@@ -290,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
                                  attention_kernel=health["attention_kernel"], dtype=health.get("dtype"),
                                  weights_dtype=health.get("weights_dtype"),
                                  linear_kernel=health.get("linear_kernel"),
-                                 lm_head_dtype=health.get("lm_head_dtype"))
+                                 lm_head_dtype=health.get("lm_head_dtype"),
+                                 prefill_kernel=health.get("prefill_kernel"),
+                                 prefill_dense_weights=health.get("prefill_dense_weights"),
+                                 server_rss_mib={"after_start": rss_start,
+                                                 "end": _rss_mib(proc.pid)})
         if hf:
             result["transformers"]["version"] = hf.version
     finally:

@@ -9,11 +9,16 @@ from pydantic import Field, ValidationInfo, field_validator
 from backend.schema import Schema, check_choice
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4 kernel accepts
+# prefill_dense_weights=auto keeps the CPU's dense prefill copies of the quantised layers
+# when all of them together fit this many GiB (SmolLM2-135M's take 0.2 GiB in bf16, a 1 B
+# int4 model's 2 GiB would not: there the copies would outweigh the codes several times)
+PREFILL_DENSE_MAX_GIB = 1.0
 _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "kv_cache_dtype": ("auto", "int8", "fp8_e4m3"),
     "weights_dtype": ("auto", "bf16", "fp16", "fp32", "int8", "int4"),
     "lm_head_dtype": ("model", "int8", "int4"),
+    "prefill_dense_weights": ("auto", "on", "off"),
     "scheduling": ("continuous", "static"),
     "attention": ("auto", "triton", "sdpa", "math"),
 }
@@ -33,6 +38,11 @@ class EngineConfig(Schema):
     weights_dtype: str = "auto"
     int4_group_size: int = 32
     lm_head_dtype: str = "model"  # the output projection: the model dtype, int8 or int4
+    # CPU only: quantised layers also keep their weight dense in the model dtype, built at
+    # load from the codes, for calls of many rows (prefill), which then skip dequantising
+    # per call; decode keeps the packed kernels. auto = when the copies fit the budget below
+    prefill_dense_weights: str = "auto"
+    prefill_dense_max_gib: float = Field(PREFILL_DENSE_MAX_GIB, ge=0)
     kv_cache_memory_gib: float | None = Field(None, gt=0)  # None = sized from free memory
     block_size: int = Field(16, ge=1)  # tokens per KV block
     cuda_graph: bool = True  # capture decode steps on CUDA; no-op on CPU

@@ -288,6 +288,7 @@ class LLMEngine:
                            self.runner.attention_kernel,
                            str(self.runner.dtype).removeprefix("torch."),
                            *self.runner.weights_info(),
+                           prefill_dense_weights=self.runner.prefill_dense.as_dict(),
                            compile=self.runner.compile_info.as_dict(),
                            async_scheduling=self.async_scheduling,
                            decode_kernels_per_step=dict(graphs.kernels_per_step)

@@ -19,7 +19,8 @@ from backend.engine.step_ops import apply_step_ops, resolve_step_ops
 from backend.engine.step_inputs import HostStep, build_step, split_on_device
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache, bytes_per_block
-from backend.layers.linear import WeightFormat, resolve_weight_format
+from backend.layers.linear import (PrefillDense, WeightFormat, keep_prefill_dense,
+                                   resolve_weight_format)
 from backend.model import LlamaModel
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,13 @@ class ModelRunner:
                 source.packed_weights is not None else source.weights
             if weights is not None:
                 self.model.load_weights(weights())
+        # After loading: the copies are built from the packed codes, never from a float file.
+        self.prefill_dense: PrefillDense = keep_prefill_dense(
+            self.model.modules(), config.prefill_dense_weights,
+            int(config.prefill_dense_max_gib * 2**30))
+        if self.prefill_dense.enabled:
+            log.info("prefill: dense copies of %d quantised layers (%.1f MiB)",
+                     self.prefill_dense.layers, self.prefill_dense.bytes / 2**20)
         self.num_blocks = self._num_blocks(cfg)
         self.kv_cache = KVCache(cfg.num_hidden_layers, self.num_blocks, self.block_size,
                                 cfg.num_key_value_heads, cfg.head_dim, self.dtype,
@@ -108,14 +116,15 @@ class ModelRunner:
         c = self.config
         return min(c.cuda_graph_max_tokens, c.max_prefill_tokens or c.max_num_batched_tokens)
 
-    def weights_info(self) -> tuple[str, str, str, str]:
+    def weights_info(self) -> tuple[str, str, str, str, str]:
         """(linear weights' format, the kernel that runs them, the LM head's format, the
-        kernel of one-token steps), the kernels as the first layer's qkv runs them."""
+        kernel of one-token steps, the kernel of prefill calls), the kernels as the first
+        layer's qkv runs them."""
         m = self.model
         qkv = m.layers[0].qkv
         return (m.weight_format.describe(self.dtype), qkv.kernel,
                 m.lm_head_format.describe(self.dtype),
-                qkv.one_token_kernel(m.ops.fuse_one_token))
+                qkv.one_token_kernel(m.ops.fuse_one_token), qkv.prefill_kernel())
 
     def _num_blocks(self, cfg) -> int:
         per_block = bytes_per_block(cfg.num_hidden_layers, self.block_size,

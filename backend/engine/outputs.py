@@ -43,6 +43,10 @@ class EngineStats:
     lm_head_format: str = ""
     # the matmul of one-token steps (batch-1 decode): the fused GEMV where it runs
     one_token_kernel: str = ""
+    # the matmul of calls with many rows (prefill), e.g. "dense-copy+F.linear"
+    prefill_kernel: str = ""
+    # the CPU's dense prefill copies of quantised layers (PrefillDense.as_dict())
+    prefill_dense_weights: dict = field(default_factory=dict)
     # how the work between attention calls ran: {"enabled", "step_ops", "pieces", "seconds"}
     compile: dict = field(default_factory=dict)
     async_scheduling: bool = False  # step N+1 launched while the device runs step N

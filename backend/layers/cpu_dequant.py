@@ -7,11 +7,16 @@ the codes directly and win while few rows share each weight (decode), but at hun
 rows they lose to the dense matmul by 2-3x; dequantising costs one pass over the weight per
 call, which a large matmul amortises (crossover measured in ``docs/benchmarks/quant.md``).
 The scratch is per thread and grows to the largest block (at most ``CHUNK_ELEMENTS``
-weights), so the model never has a dense copy.
+weights), so by default the model never has a dense copy.
+
+Where memory allows (``--prefill-dense-weights``), a layer instead keeps the dense weight once:
+``int8_dense`` / ``int4_dense_t`` build it at load with the very arithmetic of the per-call
+pass, so the many-row matmul multiplies by the same values and skips the pass.
 """
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +77,12 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     return _blockwise(x, N, _row_blocks(N, K, 1), block)
 
 
+def int8_dense(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The codes q [N, K] as floats in ``dtype`` (exact: |q| <= 128 fits every float's
+    mantissa), kept whole: ``F.linear(x, w) * scale`` then equals ``int8_matmul``."""
+    return q.to(dtype)
+
+
 def int4_layout_ok(packed: torch.Tensor, codes: torch.Tensor) -> bool:
     """Whether ``packed`` (from ``_convert_weight_to_int4pack_for_cpu``) holds ``codes``
     [N, K] in the layout ``int4_unpack`` reads; checked once per layer at load, so another
@@ -90,32 +101,61 @@ def int4_unpack(packed: torch.Tensor, N: int, K: int) -> torch.Tensor:
     return rows.permute(0, 2, 1).reshape(N, K)
 
 
+# (name, shape, dtype) -> a buffer of that shape whose contents may be overwritten
+Alloc = Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor]
+
+
+def _fresh(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
+def _int4_block_t(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int,
+                  n0: int, n1: int, dtype: torch.dtype, alloc: Alloc) -> torch.Tensor:
+    """W.T [K, n1 - n0] in ``dtype`` for output rows n0..n1 (multiples of 64), W[n, k] =
+    (q - 8) * scale + zero; the one place both the per-call pass and the kept dense copy
+    compute it, so the two give the same bits."""
+    N, K = packed.shape[0], packed.shape[1] * 2
+    G, B = group_size, INT4_BLOCK_N
+    int_dtype, bits, base = _MAGIC[dtype]
+    p = packed.view(N // B, K, B // 2)
+    nb = (n1 - n0) // B
+    src = p[n0 // B:n1 // B].permute(1, 0, 2)  # [K, nb, 32] bytes
+    wide = alloc("bytes", (K, nb, B // 2), int_dtype)
+    wide.copy_(src)
+    w = alloc("w", (K, nb, 2, B // 2), dtype)  # W.T [K, n1 - n0], row blocks of 64
+    bits_view = w.view(int_dtype)
+    torch.bitwise_and(wide, 15, out=bits_view[:, :, 0])
+    torch.bitwise_right_shift(wide, 4, out=bits_view[:, :, 1])
+    bits_view.bitwise_or_(bits)  # 2^m + q
+    w.sub_(base + 8)  # q - 8, exact
+    # The interleaved scale/zero pairs, split into contiguous rows (strided operands
+    # make addcmul several times slower).
+    sz = alloc("scale_zero", (2, K // G, n1 - n0), dtype)
+    sz.copy_(scale_zero[:, n0:n1].permute(2, 0, 1))
+    wg = w.view(K // G, G, n1 - n0)
+    torch.addcmul(sz[1].unsqueeze(1), wg, sz[0].unsqueeze(1), out=wg)
+    return w.view(K, n1 - n0)
+
+
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
                 group_size: int) -> torch.Tensor:
     """x [T, K] @ W.T with W[n, k] = (q - 8) * scale + zero (tinygemm's convention);
     ``scale_zero`` [K / G, N, 2] as the packed kernel takes it."""
     N, K = packed.shape[0], packed.shape[1] * 2
-    G, B = group_size, INT4_BLOCK_N
-    int_dtype, bits, base = _MAGIC[x.dtype]
-    p = packed.view(N // B, K, B // 2)
 
     def block(n0: int, n1: int) -> torch.Tensor:
-        nb = (n1 - n0) // B
-        src = p[n0 // B:n1 // B].permute(1, 0, 2)  # [K, nb, 32] bytes
-        wide = _scratch("bytes", (K, nb, B // 2), int_dtype)
-        wide.copy_(src)
-        w = _scratch("w", (K, nb, 2, B // 2), x.dtype)  # W.T [K, n1 - n0], row blocks of 64
-        bits_view = w.view(int_dtype)
-        torch.bitwise_and(wide, 15, out=bits_view[:, :, 0])
-        torch.bitwise_right_shift(wide, 4, out=bits_view[:, :, 1])
-        bits_view.bitwise_or_(bits)  # 2^m + q
-        w.sub_(base + 8)  # q - 8, exact
-        # The interleaved scale/zero pairs, split into contiguous rows (strided operands
-        # make addcmul several times slower).
-        sz = _scratch("scale_zero", (2, K // G, n1 - n0), x.dtype)
-        sz.copy_(scale_zero[:, n0:n1].permute(2, 0, 1))
-        wg = w.view(K // G, G, n1 - n0)
-        torch.addcmul(sz[1].unsqueeze(1), wg, sz[0].unsqueeze(1), out=wg)
-        return x @ w.view(K, n1 - n0)
+        return x @ _int4_block_t(packed, scale_zero, group_size, n0, n1, x.dtype, _scratch)
 
-    return _blockwise(x, N, _row_blocks(N, K, B), block)
+    return _blockwise(x, N, _row_blocks(N, K, INT4_BLOCK_N), block)
+
+
+def int4_dense_t(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """The whole W.T [K, N] in ``dtype``, kept by a layer as its dense prefill copy:
+    ``x @ w`` then equals ``int4_matmul`` (same values, same [K, N] operand layout). Built
+    in the same blocks through fresh buffers, so the loading thread keeps no scratch."""
+    N, K = packed.shape[0], packed.shape[1] * 2
+    out = torch.empty(K, N, dtype=dtype)
+    for n0, n1 in _row_blocks(N, K, INT4_BLOCK_N):
+        out[:, n0:n1] = _int4_block_t(packed, scale_zero, group_size, n0, n1, dtype, _fresh)
+    return out

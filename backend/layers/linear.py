@@ -11,8 +11,9 @@ Kernels (``Linear.kernel`` names the one that runs):
   * CPU int8: ``torch._weight_int8pack_mm``; CPU int4: ``torch._weight_int4pack_mm_for_cpu``
     over ``_convert_weight_to_int4pack_for_cpu``'s layout (both oneDNN/AVX-512 kernels that
     read the packed codes directly) for few tokens; from ``cpu_dequant.DENSE_MIN_ROWS``
-    tokens on (prefill) the weight is dequantised per call into a scratch buffer and the
-    dense matmul runs (``cpu_dequant``).
+    tokens on (prefill) the dense matmul runs, on a dense copy of the weight in the model
+    dtype kept beside the codes where ``keep_prefill_dense`` built one (it fits the memory
+    budget), else on the weight dequantised per call into a scratch buffer (``cpu_dequant``).
   * CUDA int8/int4: Triton GEMV (one token) and dequantising GEMM (up to ``TRITON_MAX_M``
     tokens, split along K for skinny layers) from ``quant_kernels``, tile shapes per token
     count from its ``CONFIGS``; larger batches (prefill) dequantise to the model dtype and
@@ -20,7 +21,9 @@ Kernels (``Linear.kernel`` names the one that runs):
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +38,7 @@ WEIGHT_DTYPES = ("auto", "bf16", "fp16", "fp32", "int8", "int4")
 LM_HEAD_DTYPES = ("model", "int8", "int4")
 DENSE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TRITON_MAX_M = 128  # tokens per step up to which the Triton kernels run on CUDA
+PREFILL_DENSE_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,47 @@ def make_linear(fmt: WeightFormat, out_features: int, in_features: int, bias: bo
     return DenseLinear(out_features, in_features, bias, device, dtype, fmt.dtype or dtype)
 
 
+@dataclass(frozen=True)
+class PrefillDense:
+    """What ``keep_prefill_dense`` decided for a model's quantised layers (``/health``)."""
+    mode: str  # auto | on | off, as asked
+    enabled: bool  # the CPU prefill multiplies by kept dense copies
+    layers: int  # layers holding a copy
+    bytes: int  # memory the copies hold
+    needed_bytes: int  # what copies of every layer that can use one take (or would)
+    max_bytes: int | None  # auto's budget; None for on / off
+    reason: str
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def keep_prefill_dense(layers: Iterable[Linear], mode: str, max_bytes: int
+                       ) -> PrefillDense:
+    """Give every quantised CPU layer in ``layers`` a dense copy of its weight for calls of
+    ``cpu_dequant.DENSE_MIN_ROWS`` rows or more, or drop the copies: ``on`` keeps them,
+    ``off`` drops them, ``auto`` keeps them when all of them together take at most
+    ``max_bytes``. All or none: a model half on copies would still pay the per-call pass
+    in every other layer of each prefill."""
+    if mode not in PREFILL_DENSE_MODES:
+        raise ValueError(f"prefill dense weights must be one of "
+                         f"{', '.join(PREFILL_DENSE_MODES)}; got {mode!r}")
+    quantised = [m for m in layers if isinstance(m, _QuantizedLinear)]
+    needed = sum(m.prefill_dense_bytes() for m in quantised)
+    budget = max_bytes if mode == "auto" else None
+    if needed == 0:
+        keep, reason = False, "no quantised linear layer on the CPU"
+    elif mode == "auto":
+        keep = needed <= max_bytes
+        reason = (f"auto: {needed / 2**20:.1f} MiB "
+                  f"{'within' if keep else 'over'} the {max_bytes / 2**20:.1f} MiB budget")
+    else:
+        keep, reason = mode == "on", mode
+    held = [m.keep_prefill_dense(keep) for m in quantised]
+    return PrefillDense(mode, keep, sum(1 for b in held if b), sum(held), needed, budget,
+                        reason)
+
+
 def frozen(t: torch.Tensor) -> nn.Parameter:
     """An inference-only parameter: in ``named_parameters``/``state_dict``, moved by ``.to``."""
     return nn.Parameter(t, requires_grad=False)
@@ -130,6 +175,10 @@ class Linear(nn.Module):
 
     def one_token_kernel(self, fused: bool) -> str:
         """The kernel a one-token step runs (``fused``: the step ops fuse where they can)."""
+        return self.kernel
+
+    def prefill_kernel(self) -> str:
+        """The kernel a call with many rows (a long prompt's prefill) runs."""
         return self.kernel
 
     def few_tokens(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -239,6 +288,10 @@ class _QuantizedLinear(Linear):
         self._filled = torch.zeros(out_features, dtype=torch.bool)
         self._stage: dict[str, torch.Tensor] | None = None
         self.kernel = "unloaded"
+        # The CPU's dense prefill copy (``keep_prefill_dense``), None without one: a buffer
+        # so ``.to`` moves it, not persistent since it is derived from the codes.
+        self.prefill_weight: torch.Tensor | None
+        self.register_buffer("prefill_weight", None, persistent=False)
 
     def load_rows(self, rows: slice, value: torch.Tensor | GroupQuantized) -> None:
         n = len(range(*rows.indices(self.out_features)))
@@ -254,6 +307,40 @@ class _QuantizedLinear(Linear):
             self._pack(self._stage)
             self._stage = None
             self._filled.zero_()  # a later full reload (a shared init, tests) starts over
+            if self.prefill_weight is not None:  # a reload: the copy follows the new codes
+                self.prefill_weight = self._dense_for_prefill()
+
+    def prefill_dense_bytes(self) -> int:
+        """Bytes a dense prefill copy of this layer takes in the model dtype; 0 where none
+        would be used (not on the CPU, or not loaded, or a layout the CPU path cannot
+        read)."""
+        if not self._dense_copy_possible():
+            return 0
+        return self.out_features * self.in_features * self.dtype.itemsize
+
+    def keep_prefill_dense(self, keep: bool) -> int:
+        """Build (``keep``) or drop the dense prefill copy; returns the bytes it holds."""
+        keep = keep and self.prefill_dense_bytes() > 0
+        if keep and self.prefill_weight is None:
+            self.prefill_weight = self._dense_for_prefill()
+        elif not keep:
+            self.prefill_weight = None
+        return 0 if self.prefill_weight is None else \
+            self.prefill_weight.numel() * self.prefill_weight.element_size()
+
+    def prefill_kernel(self) -> str:
+        if self.device.type == "cuda":
+            return "dequant+F.linear"  # beyond TRITON_MAX_M tokens: dequantise, cuBLAS
+        if self.prefill_weight is not None:
+            return "dense-copy+F.linear"
+        return "cpu-dequant+F.linear" if self._dense_copy_possible() else self.kernel
+
+    def _dense_copy_possible(self) -> bool:
+        return self.device.type == "cpu" and self.kernel != "unloaded"
+
+    def _dense_for_prefill(self) -> torch.Tensor:
+        """The dense copy, from the packed codes, with the per-call path's own arithmetic."""
+        raise NotImplementedError
 
     def _new_stage(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -292,12 +379,18 @@ class Int8Linear(_QuantizedLinear):
     def dequantized(self) -> torch.Tensor:
         return self.q.float() * self.scale.float().unsqueeze(1)
 
+    def _dense_for_prefill(self) -> torch.Tensor:
+        return cpu_dequant.int8_dense(self.q, self.dtype)  # [N, K]; the scale stays apart
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         if self.device.type == "cpu":
-            if x.shape[0] >= cpu_dequant.DENSE_MIN_ROWS["int8"]:
-                y = cpu_dequant.int8_matmul(x, self.q, self.scale)
-            else:
+            w = self.prefill_weight
+            if x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int8"]:
                 y = torch._weight_int8pack_mm(x, self.q, self.scale)
+            elif w is not None and w.dtype == x.dtype:
+                y = F.linear(x, w) * self.scale  # int8_matmul without its conversion pass
+            else:
+                y = cpu_dequant.int8_matmul(x, self.q, self.scale)
         elif quant_kernels.AVAILABLE and x.shape[0] <= TRITON_MAX_M:
             y = quant_kernels.int8_matmul(x, self.q, self.scale)
         else:
@@ -365,6 +458,13 @@ class Int4Linear(_QuantizedLinear):
                 self.in_features, self.group_size)
             self.kernel = "triton-int4" if self.triton else "dequant+F.linear"
 
+    def _dense_copy_possible(self) -> bool:
+        return super()._dense_copy_possible() and self.dense_from_packed
+
+    def _dense_for_prefill(self) -> torch.Tensor:
+        return cpu_dequant.int4_dense_t(self.packed, self.scale_zero, self.group_size,
+                                        self.dtype)  # W.T [K, N], int4_matmul's layout
+
     def dequantized(self) -> torch.Tensor:
         K, G = self.in_features, self.group_size
         if self.device.type == "cpu":
@@ -377,10 +477,13 @@ class Int4Linear(_QuantizedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         G = self.group_size
         if self.device.type == "cpu":
-            if self.dense_from_packed and x.shape[0] >= cpu_dequant.DENSE_MIN_ROWS["int4"]:
-                y = cpu_dequant.int4_matmul(x, self.packed, self.scale_zero, G)
-            else:
+            w = self.prefill_weight
+            if x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int4"] or not self.dense_from_packed:
                 y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)
+            elif w is not None and w.dtype == x.dtype:
+                y = x @ w  # int4_matmul without its dequantising pass
+            else:
+                y = cpu_dequant.int4_matmul(x, self.packed, self.scale_zero, G)
         elif self.triton and x.shape[0] <= TRITON_MAX_M:
             y = quant_kernels.int4_matmul(x, self.packed, self.scale, self.min, G)
         else:

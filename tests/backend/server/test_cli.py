@@ -40,13 +40,18 @@ def test_flags_map_onto_engine_and_server_config():
         "--weights-dtype", "int4", "--int4-group-size", "128", "--lm-head-dtype", "int8"]))
     assert (q.engine.weights_dtype, q.engine.int4_group_size, q.engine.lm_head_dtype) == (
         "int4", 128, "int8")
+    assert (d.engine.prefill_dense_weights, d.engine.prefill_dense_max_gib) == ("auto", 1.0)
+    p = config_from_args(build_parser().parse_args([
+        "--prefill-dense-weights", "off", "--prefill-dense-max-gib", "0.25"]))
+    assert (p.engine.prefill_dense_weights, p.engine.prefill_dense_max_gib) == ("off", 0.25)
 
 
 def test_bad_flags_are_usage_errors():
     for argv in (["--attention", "flash"], ["--block-size", "0"], ["--port", "70000"],
                  ["--weights-dtype", "int3"], ["--int4-group-size", "48"],
                  ["--max-prefill-tokens", "4096"], ["--cuda-graph-max-tokens", "-1"],
-                 ["--scheduling", "static", "--prefill-priority"]):
+                 ["--scheduling", "static", "--prefill-priority"],
+                 ["--prefill-dense-weights", "always"], ["--prefill-dense-max-gib", "-1"]):
         r = subprocess.run([sys.executable, "-m", "backend", *argv], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and "error" in r.stderr, argv
@@ -82,6 +87,11 @@ def test_cli_serves_and_stops_on_sigterm():
             "int4-g32", "torch._weight_int4pack_mm_for_cpu", "int8")
         # the CPU runs eager step ops: one-token steps use the same packed kernel
         assert health["one_token_kernel"] == "torch._weight_int4pack_mm_for_cpu"
+        # prefill multiplies by dense copies: the default auto, a tiny model within 1 GiB
+        assert health["prefill_kernel"] == "dense-copy+F.linear"
+        dense = health["prefill_dense_weights"]
+        assert (dense["mode"], dense["enabled"], dense["layers"]) == ("auto", True, 9)
+        assert dense["bytes"] == dense["needed_bytes"] > 0
         # overlap scheduling asked for on the CPU (its default there is off); no graphs
         assert (health["engine"]["async_scheduling"], health["engine"]["cuda_graphs"],
                 health["engine"]["decode_kernels_per_step"]) == (True, None, {})

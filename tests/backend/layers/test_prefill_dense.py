@@ -1,0 +1,163 @@
+"""The CPU's dense prefill copies of quantised layers (``--prefill-dense-weights``): many-row
+calls multiply by the kept copy and give the bits of the dequantise-per-call path, few-row
+calls keep the packed kernels, the auto / on / off choice respects its budget, a reload
+rebuilds the copy, and the engine reports what it chose."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.engine.config import PREFILL_DENSE_MAX_GIB, EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.layers import cpu_dequant
+from backend.layers.linear import (DenseLinear, LinearRows, WeightFormat, keep_prefill_dense,
+                                   make_linear)
+from backend.model import LlamaModel
+from backend.weights.loader import synthetic_source
+
+CPU = torch.device("cpu")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _layer(kind: str, n: int, k: int, dtype: torch.dtype, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    layer = make_linear(WeightFormat(kind, None, 32), n, k, True, CPU, dtype)
+    LinearRows(layer).load(torch.randn(n, k, generator=gen) * 0.05)
+    layer.bias.copy_(torch.randn(n, generator=gen))
+    return layer
+
+
+def _x(rows: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)
+
+
+def _refuse(*args: object) -> torch.Tensor:
+    raise AssertionError("the per-call dequantising pass ran although a dense copy is kept")
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("chunk", [1 << 22, 64 * 64], ids=["one-block", "blocks"])
+def test_dense_copy_gives_the_dequantising_paths_bits(kind, dtype, chunk, monkeypatch):
+    monkeypatch.setattr(cpu_dequant, "CHUNK_ELEMENTS", chunk)
+    n, k = 320, 128
+    layer = _layer(kind, n, k, dtype, seed=3)
+    threshold = cpu_dequant.DENSE_MIN_ROWS[kind]
+    rows = (1, threshold - 1, threshold, 3 * threshold + 5)
+    before = {m: layer(_x(m, k, dtype)) for m in rows}  # no copy: scratch pass / packed
+    assert layer.prefill_kernel() == "cpu-dequant+F.linear"
+
+    held = layer.keep_prefill_dense(True)
+    assert held == n * k * dtype.itemsize == layer.prefill_dense_bytes()
+    assert layer.prefill_weight.dtype == dtype
+    assert layer.prefill_kernel() == "dense-copy+F.linear"
+    assert "prefill_weight" not in layer.state_dict()  # derived, never saved
+    monkeypatch.setattr(cpu_dequant, f"{kind}_matmul", _refuse)
+    for m in rows:
+        # The same values in the same operand layout: the same bits, above the threshold
+        # through the copy, below it through the untouched packed kernel.
+        assert torch.equal(layer(_x(m, k, dtype)), before[m]), m
+
+    assert layer.keep_prefill_dense(False) == 0 and layer.prefill_weight is None
+    with pytest.raises(AssertionError, match="dequantising pass ran"):
+        layer(_x(threshold, k, dtype))  # dropped: back on the per-call pass
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_reload_rebuilds_the_copy(kind):
+    layer = _layer(kind, 128, 64, torch.float32, seed=4)
+    layer.keep_prefill_dense(True)
+    x = _x(cpu_dequant.DENSE_MIN_ROWS[kind], 64, torch.float32)
+    old = layer(x)
+    LinearRows(layer).load(torch.randn(128, 64, generator=torch.Generator().manual_seed(5)))
+    assert layer.prefill_weight is not None
+    new = layer(x)
+    layer.keep_prefill_dense(False)
+    assert torch.equal(new, layer(x)) and not torch.equal(new, old)
+
+
+def test_int4_layout_not_read_keeps_the_packed_kernel():
+    layer = _layer("int4", 96, 64, torch.float32, seed=0)  # rows not in blocks of 64
+    assert not layer.dense_from_packed and layer.prefill_dense_bytes() == 0
+    chosen = keep_prefill_dense([layer], "on", 0)
+    assert (chosen.enabled, chosen.bytes, chosen.layers) == (False, 0, 0)
+    assert layer.prefill_weight is None
+    assert layer.prefill_kernel() == "torch._weight_int4pack_mm_for_cpu"
+
+
+def _model(fmt: str = "int4", head: str = "int4") -> LlamaModel:
+    cfg = synthetic_source("tiny-qwen2").config  # tied head: quantised as its own copy
+    return LlamaModel(cfg, CPU, torch.bfloat16, max_len=256,
+                      weight_format=WeightFormat(fmt, None, 32) if fmt != "dense"
+                      else WeightFormat(),
+                      lm_head_format=WeightFormat(head, None, 32) if head != "model"
+                      else WeightFormat())
+
+
+def test_auto_on_off_and_the_budget():
+    model = _model()
+    quantised = [m for m in model.modules() if hasattr(m, "prefill_weight")]
+    assert len(quantised) == 2 * 4 + 1  # qkv, o, gate_up, down per block, and the head
+    need = sum(m.out_features * m.in_features * 2 for m in quantised)  # bf16
+
+    fits = keep_prefill_dense(model.modules(), "auto", need)
+    assert (fits.enabled, fits.layers, fits.bytes, fits.needed_bytes, fits.max_bytes) == (
+        True, len(quantised), need, need, need)
+    assert "within" in fits.reason
+    assert all(m.prefill_weight is not None for m in quantised)
+
+    over = keep_prefill_dense(model.modules(), "auto", need - 1)  # one byte short: none
+    assert (over.enabled, over.layers, over.bytes, over.needed_bytes) == (False, 0, 0, need)
+    assert "over" in over.reason
+    assert all(m.prefill_weight is None for m in quantised)
+
+    forced = keep_prefill_dense(model.modules(), "on", 0)  # on ignores the budget
+    assert (forced.enabled, forced.bytes, forced.max_bytes) == (True, need, None)
+    off = keep_prefill_dense(model.modules(), "off", 1 << 40)
+    assert (off.enabled, off.bytes, off.needed_bytes) == (False, 0, need)
+    assert all(m.prefill_weight is None for m in quantised)
+
+    with pytest.raises(ValueError, match="auto, on, off"):
+        keep_prefill_dense(model.modules(), "always", 0)
+
+
+def test_dense_weights_have_nothing_to_keep():
+    model = _model("dense", "model")
+    assert isinstance(model.lm_head, DenseLinear)
+    chosen = keep_prefill_dense(model.modules(), "on", 1 << 30)
+    assert (chosen.enabled, chosen.needed_bytes) == (False, 0)
+    assert chosen.reason == "no quantised linear layer on the CPU"
+    assert model.layers[0].qkv.prefill_kernel() == "dense"
+
+
+def test_engine_reports_its_choice_and_scores_the_same():
+    """Through the engine: the default (auto, 1 GiB) keeps copies of a small model, off
+    does not, a budget too small turns auto off; a 200-token prompt (every linear call
+    above both thresholds) gives the same logits either way."""
+    source = synthetic_source("tiny")
+    tokens = [(7 * i) % 500 + 3 for i in range(200)]
+    base = dict(weights_dtype="int4", lm_head_dtype="int8", dtype="bfloat16",
+                kv_cache_memory_gib=0.01, max_model_len=256)
+    assert EngineConfig().prefill_dense_weights == "auto"
+    assert EngineConfig().prefill_dense_max_gib == PREFILL_DENSE_MAX_GIB
+    stats, scores = {}, {}
+    for name, extra in {"auto": {}, "off": {"prefill_dense_weights": "off"},
+                        "small": {"prefill_dense_max_gib": 1e-6}}.items():
+        engine = LLMEngine(EngineConfig(**base, **extra), source)
+        stats[name] = engine.stats()
+        scores[name] = engine.score(tokens)
+    cfg = source.config
+    per_block = (cfg.hidden_size + 2 * cfg.num_key_value_heads * cfg.head_dim) * \
+        cfg.hidden_size + cfg.hidden_size ** 2 + 3 * cfg.intermediate_size * cfg.hidden_size
+    need = 2 * (cfg.num_hidden_layers * per_block + cfg.vocab_size * cfg.hidden_size)
+    auto = stats["auto"].prefill_dense_weights
+    assert (auto["mode"], auto["enabled"], auto["bytes"], auto["max_bytes"]) == (
+        "auto", True, need, int(PREFILL_DENSE_MAX_GIB * 2**30))
+    assert stats["auto"].prefill_kernel == "dense-copy+F.linear"
+    assert stats["auto"].linear_kernel == "torch._weight_int4pack_mm_for_cpu"  # decode
+    for name in ("off", "small"):
+        chosen = stats[name].prefill_dense_weights
+        assert (chosen["enabled"], chosen["bytes"], chosen["needed_bytes"]) == (
+            False, 0, need), name
+        assert stats[name].prefill_kernel == "cpu-dequant+F.linear"
+    assert torch.equal(scores["auto"], scores["off"])
