@@ -11,7 +11,7 @@ Two ways to add them up:
     serial sum of [split, 64, 64] lengthens the kernel's tail.
 
 The partials buffer comes from the caching allocator per call (the CUDA graphs' pool when
-captured); the arrival counters are one zeroed buffer per device (``_counters``).
+captured); the arrival counters are one zeroed buffer per device and stream (``counters``).
 """
 from __future__ import annotations
 
@@ -99,12 +99,19 @@ def added_in_kernel(x: torch.Tensor, M: int, N: int, split: int, tiles: int
     if tiles > COUNTERS:
         raise ValueError(f"{tiles} tiles split along K: at most {COUNTERS}")
     return y, torch.empty(split, M, N, device=x.device, dtype=torch.float32), \
-        _counters(x.device)
+        counters(x.device)
+
+
+def counters(device: torch.device) -> torch.Tensor:
+    """``add_splits``' arrival counters for the current stream of ``device``: kernels on one
+    stream run one after another and may share them; two streams get two sets."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    return _counters(device, stream)
 
 
 @functools.lru_cache(maxsize=None)
-def _counters(device: torch.device) -> torch.Tensor:
-    """``add_splits``' arrival counters on ``device``: zero between launches (the last
-    program of each tile resets its own). Made on the first split call, which is never
-    inside a graph capture (captures follow warm-up runs)."""
+def _counters(device: torch.device, stream: int) -> torch.Tensor:
+    """Zero between launches (the last program of each tile resets its own). Made on the
+    first split call on the stream, which is never inside a graph capture (captures follow
+    warm-up runs on the capturing stream)."""
     return torch.zeros(COUNTERS, dtype=torch.int32, device=device)

@@ -38,7 +38,7 @@ def test_gemvs_split_in_kernel_match_unsplit_and_reset_their_counters() -> None:
                                    atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(quant_kernels.int4_matmul(x, packed, scale, lo, G, cfg4)
                                    .float(), want4, atol=1e-4, rtol=1e-4)
-        assert int(splits._counters(x.device).abs().sum()) == 0
+        assert int(splits.counters(x.device).abs().sum()) == 0
 
 
 def test_in_kernel_buffers() -> None:
@@ -47,6 +47,6 @@ def test_in_kernel_buffers() -> None:
     assert part is y and cnt is y and y.shape == (1, 40)  # unsplit: nothing else
     y, part, cnt = splits.added_in_kernel(x, 1, 40, 4, 3)
     assert part.shape == (4, 1, 40) and part.dtype == torch.float32
-    assert cnt is splits._counters(x.device) and cnt.dtype == torch.int32
+    assert cnt is splits.counters(x.device) and cnt.dtype == torch.int32
     with pytest.raises(ValueError):
         splits.added_in_kernel(x, 1, 40, 2, splits.COUNTERS + 1)
