@@ -16,7 +16,6 @@ captured); the arrival counters are one zeroed buffer per device and stream (``c
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -32,7 +31,6 @@ if triton is not None:
     from backend.layers.pdl import release as pdl_release
     from backend.layers.pdl import wait as pdl_wait
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 COUNTERS = 1 << 16  # tiles a kernel using ``add_splits`` may have (one counter each)
 
 if triton is not None:
