@@ -210,7 +210,7 @@ def bench_prefill(shapes: list[tuple[int, int]], sweep: bool) -> list[dict]:
                                              (64, 64, 4, 3), (128, 32, 4, 2), (64, 128, 4, 2))]
         for cfg in configs:
             fn = partial(triton_attention.paged_prefill,
-                         q, cache, None, tables, ctx, starts, n, out, HD ** -0.5, BS, "auto", **cfg)
+                         q, cache, None, tables, ctx, starts, out, HD ** -0.5, BS, "auto", **cfg)
             ms = triton.testing.do_bench(fn, warmup=20, rep=100)
             rows.append({"impl": "triton_paged", "seqs": nseq, "tokens": n, **cfg,
                          "us": ms * 1e3, "tflop_s": flops / (ms * 1e-3) / 1e12})

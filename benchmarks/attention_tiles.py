@@ -75,7 +75,7 @@ def prefill_tiles(gen: torch.Generator, tokens: int = 512) -> list[dict]:
         starts[0] = 0
         for bm, bn, warps, stages in PREFILL_TILES:
             us = graph_time_us(partial(
-                ta.paged_prefill, q, cache, None, tables, lens, starts, tokens, out, HD ** -0.5,
+                ta.paged_prefill, q, cache, None, tables, lens, starts, out, HD ** -0.5,
                 BS, "auto", block_m=bm, block_n=bn, num_warps=warps, num_stages=stages))
             rows.append(dict(tokens=tokens, chunks=chunks, block_m=bm, block_n=bn,
                              num_warps=warps, num_stages=stages, us=us))

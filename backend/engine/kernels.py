@@ -80,7 +80,7 @@ def _probe_triton(device: torch.device, dtype: torch.dtype, kvh: int, group: int
     lens = torch.full((1,), 2, dtype=torch.int32, device=device)
     starts = torch.tensor([0, 2], dtype=torch.int32, device=device)
     args = (hd ** -0.5, block_size, kv_cache_dtype)
-    triton_attention.paged_prefill(q, cache, scales, table, lens, starts, 2, out, *args)
+    triton_attention.paged_prefill(q, cache, scales, table, lens, starts, out, *args)
     for splits in (1, 2, 4, 8, 16) if device.type == "cuda" else (1,):
         triton_attention.paged_decode(q[:1], cache, scales, table, lens, out, *args, splits)
     if not torch.isfinite(out).all():

@@ -60,12 +60,6 @@ class AttentionMetadata:
     def has_prefill(self) -> bool:
         return bool(self.prefill_spans) or self.prefill_query_len is not None
 
-    @property
-    def max_query_len(self) -> int:
-        if self.prefill_query_len is not None:
-            return self.prefill_query_len
-        return max((n for _, n, _ in self.prefill_spans), default=1)
-
 
 def causal_chunk_mask(start: int, q_len: int, group: int, device: torch.device,
                       dtype: torch.dtype) -> torch.Tensor:
@@ -216,7 +210,7 @@ class Attention:
         if meta.has_prefill:
             tables, lens, starts = meta.extra["prefill"]
             triton_attention.paged_prefill(
-                q, data, scales, tables, lens, starts, meta.max_query_len, out, self.scale,
+                q, data, scales, tables, lens, starts, out, self.scale,
                 cache.block_size, cache.kv_cache_dtype)
         return out.view(T, self.num_heads * self.head_dim)
 

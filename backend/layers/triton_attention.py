@@ -304,27 +304,39 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
         q_ptr, cache_ptr, scale_ptr, bt_ptr, ctx_ptr, qsl_ptr, out_ptr,
-        qk_scale,
+        qk_scale, C,
         stride_qt, stride_qh, stride_bt, stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-        DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, V_T: tl.constexpr):
-    # Launch order is x fastest, then y, then z. Chunks vary slowest: a graphed step's grid
-    # has a slot for every chunk it may hold, and the empty slots' programs then queue
-    # behind the real work instead of between it (measured: one 512-token prompt in a grid
-    # of 8 chunk slots took 2.3x the kernel time with chunks in y). Query tiles run from the
-    # chunk's end, whose causal rows see the most keys, so the longest programs start first.
-    mt = tl.num_programs(0) - 1 - tl.program_id(0)
-    hq = tl.program_id(1)
-    c = tl.program_id(2)
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_PAD: tl.constexpr,
+        QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+        V_T: tl.constexpr):
+    # Grid (query head, tile). The C chunks' query tiles are numbered in one range: chunk
+    # c's start at (qsl[c] - qsl[0]) // BLOCK_M + c, which leaves room for its
+    # cdiv(q_len, BLOCK_M) tiles whatever the chunks' lengths, so a graphed step's grid
+    # needs T / BLOCK_M + C tiles, not max_query_len / BLOCK_M for each of its C chunk slots
+    # (one 512-token prompt in 8 slots: 128 real programs and 896 empty ones, which ran in
+    # waves after the real ones; on an H200 26.2 us -> 19.0 us per layer, though the same
+    # prompt alone in its grid went 16.0 -> 19.0 us). Heads vary fastest, so tiles start in
+    # order; within a chunk they run from its end, whose causal rows see the most keys: the
+    # longest first.
+    hq = tl.program_id(0)
+    t = tl.program_id(1)
+    ci = tl.arange(0, C_PAD)
+    qs = tl.load(qsl_ptr + ci, mask=ci <= C, other=0)  # [C_PAD]: C + 1 row offsets
+    starts = (qs - tl.load(qsl_ptr)) // BLOCK_M + ci
+    c = tl.sum(((starts <= t) & (ci >= 1) & (ci < C)).to(tl.int32), axis=0)
+    q_start = tl.sum(tl.where(ci == c, qs, 0), axis=0)
+    q_len = tl.sum(tl.where(ci == c + 1, qs, 0), axis=0) - q_start
+    tile = t - tl.sum(tl.where(ci == c, starts, 0), axis=0)  # of the chunk, from its start
+    n_tiles = tl.cdiv(q_len, BLOCK_M)
+    live = tile < n_tiles  # a tile past the chunk's end runs no iteration, stores nothing
+    mt = tl.where(live, n_tiles - 1 - tile, 0)
     hk = hq // GROUP
-    q_start = tl.load(qsl_ptr + c)
-    q_len = tl.load(qsl_ptr + c + 1) - q_start
     ctx = tl.load(ctx_ptr + c)
     prefix = ctx - q_len  # position of the chunk's first query
     m0 = mt * BLOCK_M
-    live = m0 < q_len  # tiles past the chunk's end run no iteration, store nothing
+    m0 = tl.where(live, m0, q_len)  # no row of a dead tile is inside the chunk
 
     m = m0 + tl.arange(0, BLOCK_M)
     mmask = m < q_len
@@ -473,7 +485,7 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
 
 def paged_prefill(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | None,
                   block_tables: torch.Tensor, context_lens: torch.Tensor,
-                  query_start_loc: torch.Tensor, max_query_len: int, out: torch.Tensor,
+                  query_start_loc: torch.Tensor, out: torch.Tensor,
                   scale: float, block_size: int, kv_cache_dtype: str,
                   block_m: int | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int = 2) -> torch.Tensor:
@@ -491,13 +503,15 @@ def paged_prefill(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | N
     if num_warps is None:
         num_warps = 8 if block_m >= 128 else 4
     sc, ssc, ssh = _scales(scales, cache)
-    grid = (triton.cdiv(max_query_len, block_m), H, C)
+    # every chunk's tiles in one range (see the kernel): T / BLOCK_M + C holds them all
+    grid = (H, q.shape[0] // block_m + C)
     _prefill_kernel[grid](
-        q, cache, sc, block_tables, context_lens, query_start_loc, out, scale * _LOG2E,
+        q, cache, sc, block_tables, context_lens, query_start_loc, out, scale * _LOG2E, C,
         q.stride(0), q.stride(1), block_tables.stride(0), cache.stride(0), cache.stride(1),
         cache.stride(2), ssc, ssh, out.stride(0), out.stride(1),
         GROUP=H // kvh, HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m,
-        BLOCK_N=block_n, QUANT=QUANT_CODES[kv_cache_dtype], DOT_PREC=_dot_precision(q.dtype),
+        BLOCK_N=block_n, C_PAD=triton.next_power_of_2(C + 1),
+        QUANT=QUANT_CODES[kv_cache_dtype], DOT_PREC=_dot_precision(q.dtype),
         UPCAST=interpreting(), V_T=kv_cache_dtype in TRANSPOSED_V, num_warps=num_warps,
         num_stages=num_stages)
     return out

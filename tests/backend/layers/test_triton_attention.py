@@ -164,7 +164,7 @@ def test_quantised_decode_and_prefill_match_the_dequantised_reference(kind: str,
     qp = torch.randn(chunk, kvh * group, hd, generator=gen).to(torch.bfloat16)
     outp = torch.empty_like(qp)
     triton_attention.paged_prefill(qp, cache.data[0], scales, tables[1:], lens_t[1:],
-                                   torch.tensor([0, chunk], dtype=torch.int32), chunk, outp,
+                                   torch.tensor([0, chunk], dtype=torch.int32), outp,
                                    hd ** -0.5, BS, kind, block_m=16, block_n=16)
     for i, n in enumerate(lens):
         k, v = _context(cache, tables[i], n)
@@ -191,7 +191,7 @@ def test_paged_prefill_over_a_prefix_hit_mid_block(dtype: torch.dtype, group: in
     out = torch.zeros_like(q)
     starts = torch.tensor([1, 1 + chunks[0], T], dtype=torch.int32)
     triton_attention.paged_prefill(q, cache.data[0], None, tables, torch.tensor(
-        lens, dtype=torch.int32), starts, max(chunks), out, hd ** -0.5, BS, "auto",
+        lens, dtype=torch.int32), starts, out, hd ** -0.5, BS, "auto",
         block_m=16, block_n=16)
     assert out[0].abs().max() == 0
     for i in range(2):
@@ -200,6 +200,36 @@ def test_paged_prefill_over_a_prefix_hit_mid_block(dtype: torch.dtype, group: in
         ref = _reference(q[rows], k, v, prefixes[i])
         torch.testing.assert_close(out[rows].float(), ref.float(), atol=TOL[dtype],
                                    rtol=TOL[dtype])
+
+
+def test_paged_prefill_with_empty_chunk_slots() -> None:
+    """A graphed step's chunk slots: chunks of 33, 0, 16 and 0 rows (the empty ones at zero
+    context, as padded) after two decode rows; one query tile range over all of them
+    (block_m 16: 3 + 0 + 1 tiles, their starts spaced by the slots). Each real chunk equals
+    the reference; rows outside the chunks stay untouched."""
+    gen = torch.Generator().manual_seed(5)
+    kvh, group, hd = 2, 2, 64
+    chunks, prefixes = [33, 0, 16, 0], [0, 0, 5, 0]
+    lens = [p + c for p, c in zip(prefixes, chunks)]
+    cache = _cache(kvh, hd, torch.float32, "auto")
+    real = [i for i, c in enumerate(chunks) if c]
+    given = _tables([lens[i] for i in real], cache.num_blocks, gen)
+    tables = torch.zeros(len(chunks), given.shape[1], dtype=torch.int32)
+    tables[real] = given
+    _fill(cache, tables[real], [lens[i] for i in real], gen)
+    starts = torch.tensor([2, 35, 35, 51, 51], dtype=torch.int32)
+    T = 53  # two rows first (decodes' places) and two after, left untouched
+    q = torch.randn(T, kvh * group, hd, generator=gen)
+    out = torch.zeros_like(q)
+    triton_attention.paged_prefill(q, cache.data[0], None, tables, torch.tensor(
+        lens, dtype=torch.int32), starts, out, hd ** -0.5, BS, "auto", block_m=16,
+        block_n=16)
+    assert out[:2].abs().max() == 0 and out[51:].abs().max() == 0
+    for i in real:
+        rows = slice(int(starts[i]), int(starts[i + 1]))
+        k, v = _context(cache, tables[i], lens[i])
+        torch.testing.assert_close(out[rows], _reference(q[rows], k, v, prefixes[i]),
+                                   atol=TOL[torch.float32], rtol=TOL[torch.float32])
 
 
 def test_mixed_step_through_the_attention_layer_matches_math() -> None:
