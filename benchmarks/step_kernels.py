@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
+from backend.profiling.summary import merge
 from backend.weights.loader import synthetic_source
 from benchmarks.quant import graph_time_us
 
@@ -50,14 +51,19 @@ def blas_libraries() -> dict:
 
 
 def by_kernel(prof: profile, steps: int) -> dict:
-    """Per step: total kernel time, kernel count, and the kernels by summed time."""
+    """Per step: total kernel time, the time the GPU was busy (the union of the kernels'
+    intervals: overlapping kernels counted once), kernel count, and the kernels by summed
+    time."""
+    spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
+             if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(end - start for start, end in merge(spans)) / steps
     rows = []
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", 0)
         if t > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
             rows.append({"us": t / steps, "count": e.count / steps, "name": e.key})
     rows.sort(key=lambda r: -r["us"])
-    return {"kernel_us_per_step": sum(r["us"] for r in rows),
+    return {"kernel_us_per_step": sum(r["us"] for r in rows), "busy_us_per_step": busy,
             "kernels_per_step": sum(r["count"] for r in rows), "kernels": rows[:25]}
 
 
@@ -96,8 +102,8 @@ def engine_steps() -> dict:
         while engine.has_unfinished():
             engine.step()
     for label, r in res.items():
-        print(f"== {label}: {r['kernel_us_per_step']:.0f} us of kernels per step, "
-              f"{r['kernels_per_step']:.0f} kernels")
+        print(f"== {label}: {r['kernel_us_per_step']:.0f} us of kernels per step "
+              f"({r['busy_us_per_step']:.0f} us busy), {r['kernels_per_step']:.0f} kernels")
         for k in r["kernels"][:12]:
             print(f"  {k['us']:8.1f} us {k['count']:5.0f}x  {k['name'][:90]}")
     return res
