@@ -39,7 +39,7 @@ from backend.layers.linear import WeightFormat
 from backend.layers.quantize import quantize_int8
 from backend.model import LlamaModel
 from backend.weights.presets import PRESETS
-from benchmarks.quant import engine_level, graph_time_us, rel_err, time_rotating
+from benchmarks.quant import copies_past_l2, engine_level, graph_time_us, rel_err, time_rotating
 from benchmarks.quant_sweep import copy_gbs
 from benchmarks.quant_sweep import variants as quant_variants
 
@@ -57,7 +57,6 @@ _SWEPT = [{k: v for k, v in cfg.items() if k != "kind"}
           for cfg in quant_variants("int8", 1) if cfg["kind"] == "triton" and "MAGIC" in cfg]
 INT8 = _SWEPT + [dict(cfg, XVEC=1) for cfg in _SWEPT if cfg.get("WORDS")]
 EPS = 1e-5
-L2_BYTES = 200 << 20  # rotate weight copies until a graph's calls touch this much
 
 
 def bf16_config(v: tuple) -> dict:
@@ -143,7 +142,7 @@ def layer_level(shapes, device, dtype) -> tuple[list[dict], dict, dict]:
     """(a row per shape, bf16 picks, int8 picks: shapes where fusing won)"""
     rows, picks, picks8 = [], {}, {}
     for name, N, K, kind in shapes:
-        n = max(1, -(-L2_BYTES // (N * K * 2)))
+        n = copies_past_l2(N * K * 2)
         ws = [torch.randn(N, K, device=device, dtype=dtype) * 0.02 for _ in range(n)]
         x, pro = _inputs(kind, K, device, dtype)
         row = {"shape": name, "N": N, "K": K, "prologue": kind, "copies": n,
@@ -164,7 +163,7 @@ def layer_level(shapes, device, dtype) -> tuple[list[dict], dict, dict]:
         row.update(fused_us=fused, best=best, best_us=timed[best])
         del ws
         # int8: enough distinct codes to rotate past L2 too (half the bytes of bf16)
-        n8 = max(1, -(-L2_BYTES // (N * K)))
+        n8 = copies_past_l2(N * K)
         qs = [quantize_int8(torch.randn(N, K, device=device) * 0.02) for _ in range(n8)]
         qs = [(q, s.to(dtype)) for q, s in qs]
         row["int8_copies"] = n8

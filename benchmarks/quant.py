@@ -136,6 +136,15 @@ def graph_time_us(fn, iters: int = 50) -> float:
     return statistics.median(times)
 
 
+ROTATE_BYTES = 200 << 20  # weight copies a timing graph reads in turn (the H200's L2: 50 MB)
+
+
+def copies_past_l2(nbytes: int, total: int = ROTATE_BYTES) -> int:
+    """Copies of an ``nbytes`` weight for ``time_rotating``: enough that the calls in turn
+    read ``total`` bytes, so no layer is served from L2."""
+    return max(1, -(-total // nbytes))
+
+
 def time_rotating(calls: list, device: torch.device, min_iters: int = 20) -> float:
     """µs per call of zero-argument ``calls`` run in turn (one per weight copy, so that no
     layer is served from L2): CUDA-graph replays of at least two rounds; off CUDA (smoke

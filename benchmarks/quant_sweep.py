@@ -30,13 +30,14 @@ import torch.nn.functional as F
 
 from backend.layers import quant_kernels as qk
 from backend.layers.quantize import quantize_int4, quantize_int8
-from benchmarks.quant import engine_level, rel_err, time_rotating
+from benchmarks.quant import copies_past_l2, engine_level, rel_err, time_rotating
 
 SHAPES_7B = (("qkv", 12288, 4096), ("o", 4096, 4096), ("gate_up", 22016, 4096),
              ("down", 4096, 11008))
 SHAPES_SMOKE = (("a", 64, 256), ("b", 48, 512))
 FORMATS = ("int8", "int4-g32", "int4-g128")
-ROTATE_BYTES = 240 << 20  # weight copies a timing graph reads in turn (L2: 50 MB)
+# the sweeps in docs/benchmarks/quant.md rotated 240 MB (the other benchmarks: ROTATE_BYTES)
+SWEEP_ROTATE_BYTES = 240 << 20
 
 
 def _v(kind: str, **kw) -> dict:
@@ -144,7 +145,7 @@ class Weights:
 
     def calls(self, fmt: str, v: dict, x: torch.Tensor) -> list:
         """Zero-argument calls of variant ``v`` on x, one per copy of the codes: enough
-        copies that the calls in turn read ``ROTATE_BYTES`` (no layer served from L2);
+        copies that the calls in turn read ``SWEEP_ROTATE_BYTES`` (none from L2);
         one call off CUDA. Raises if the variant cannot run."""
         if fmt == "int8":
             return [partial(qk.int8_matmul, x, q, self.s, _config(v))
@@ -166,10 +167,14 @@ class Weights:
         return [partial(qk.int4_matmul, x, p, scale, lo, G, _config(v))
                 for p in self._rotated(G, packed)]
 
+    def bf16_calls(self, x: torch.Tensor) -> list:
+        """cuBLAS on x, one call per copy of the bf16 weight (as ``calls``)."""
+        return [partial(F.linear, x, w.to(self.dtype)) for w in self._rotated("bf16", self.bf16)]
+
     def _rotated(self, key, codes: torch.Tensor) -> list[torch.Tensor]:
         if key not in self._copies:
-            n = 1 if codes.device.type != "cuda" else -(-ROTATE_BYTES // (
-                codes.numel() * codes.element_size()))
+            n = 1 if codes.device.type != "cuda" else copies_past_l2(
+                codes.numel() * codes.element_size(), SWEEP_ROTATE_BYTES)
             self._copies[key] = [codes] + [codes.clone() for _ in range(n - 1)]
         return self._copies[key]
 
@@ -243,8 +248,7 @@ def sweep(shapes, Ms, device: torch.device, deadline: float) -> list[dict]:
                 rows.append({"shape": name, "M": M, "skipped": "budget"})
                 continue
             x = torch.randn(M, K, device=device, dtype=wts.dtype)
-            us = time_rotating([partial(F.linear, x, w.to(wts.dtype))
-                           for w in wts._rotated("bf16", wts.bf16)], device)
+            us = time_rotating(wts.bf16_calls(x), device)
             rows.append({"shape": name, "N": N, "K": K, "M": M, "format": "bf16",
                          "variant": "cuBLAS F.linear", "us": round(us, 2),
                          "weight_bytes": N * K * 2})

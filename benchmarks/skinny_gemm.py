@@ -35,7 +35,7 @@ from backend.layers import fused_ops, pdl, skinny_gemm
 from backend.layers.gemv import ADD_NORM, SILU_MUL, Prologue
 from benchmarks.one_token_gemv import (SHAPES_7B, chain_level, checked_time, cublas_baselines,
                                        unfused)
-from benchmarks.quant import engine_level
+from benchmarks.quant import copies_past_l2, engine_level
 from benchmarks.quant_sweep import copy_gbs
 
 SHAPES_SMOKE = (("a", 48, 256, ADD_NORM), ("b", 40, 128, SILU_MUL))
@@ -47,7 +47,6 @@ VARIANTS = ((32, 128, 4, 0, 4), (32, 256, 3, 0, 4), (64, 64, 4, 0, 4), (64, 128,
             (128, 64, 5, 0, 8), (256, 64, 4, 0, 8), (256, 128, 3, 0, 8), (64, 64, 6, 0, 4))
 SPLITS = (1, 2, 4)
 EPS = 1e-5
-L2_BYTES = 200 << 20
 ENGINE_BATCHES = (1, 8, 16, 32, 64)
 
 
@@ -97,7 +96,7 @@ def _skinny(x: torch.Tensor, w: torch.Tensor, cfg: dict | None) -> torch.Tensor:
 def layer_level(shapes, rows, device, dtype) -> tuple[list[dict], dict]:
     out, picks = [], {}
     for name, N, K, kind in shapes:
-        n = max(1, -(-L2_BYTES // (N * K * 2)))
+        n = copies_past_l2(N * K * 2)
         ws = [torch.randn(N, K, device=device, dtype=dtype) * 0.02 for _ in range(n)]
         for M in rows:
             x, pro = _inputs(kind, M, K, device, dtype)
