@@ -12,7 +12,8 @@ accumulate) or, for several rows, a tl.dot GEMM that dequantises each weight til
 registers; either may split K (fp32 partial sums, see ``splits``: the GEMVs add them up in
 the kernel) so that skinny layers still occupy every multiprocessor. Both read each weight
 byte once per call. Tile shapes and variants come from ``CONFIGS``, keyed by format and
-token-count bucket. Every choice depends on shapes only, so the calls can be captured in CUDA graphs.
+token-count bucket. Every choice depends on shapes only, so the calls can be captured in
+CUDA graphs.
 Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (the tests do that).
 
 Decoding codes without an int -> float conversion (``MAGIC``; conversions issue at a
@@ -610,8 +611,8 @@ def int8_gemv_fused(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     bn, split, per = _gemv_grid(cfg, N, K // 4, cfg["BLOCK_K"] // 4, x.device)
     if split > 1:
         return None
-    y = torch.empty(1, N, device=x.device, dtype=x.dtype)
-    return y, _int8_words(x, q, scale, (y, y, y), cfg, bn, 1, per, prologue)
+    out = added_in_kernel(x, 1, N, 1, triton.cdiv(N, bn))
+    return out[0], _int8_words(x, q, scale, out, cfg, bn, 1, per, prologue)
 
 
 def _int8_words(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,

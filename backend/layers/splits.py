@@ -91,13 +91,10 @@ def added_in_kernel(x: torch.Tensor, M: int, N: int, split: int, tiles: int
     """(y [M, N] in x's dtype, fp32 partials [split, M, N], the arrival counters) for a
     kernel split ``split`` ways along K over ``tiles`` output tiles that adds its partials
     up itself (``add_splits``); unsplit, y stands in for all three."""
-    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    if split == 1:
-        return y, y, y
-    if tiles > COUNTERS:
+    if split > 1 and tiles > COUNTERS:
         raise ValueError(f"{tiles} tiles split along K: at most {COUNTERS}")
-    return y, torch.empty(split, M, N, device=x.device, dtype=torch.float32), \
-        counters(x.device)
+    y, part = split_out(x, M, N, split)
+    return y, part, (counters(x.device) if split > 1 else y)
 
 
 def counters(device: torch.device) -> torch.Tensor:

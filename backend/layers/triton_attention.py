@@ -331,12 +331,11 @@ def _prefill_kernel(
     tile = t - tl.sum(tl.where(ci == c, starts, 0), axis=0)  # of the chunk, from its start
     n_tiles = tl.cdiv(q_len, BLOCK_M)
     live = tile < n_tiles  # a tile past the chunk's end runs no iteration, stores nothing
-    mt = tl.where(live, n_tiles - 1 - tile, 0)
     hk = hq // GROUP
     ctx = tl.load(ctx_ptr + c)
     prefix = ctx - q_len  # position of the chunk's first query
-    m0 = mt * BLOCK_M
-    m0 = tl.where(live, m0, q_len)  # no row of a dead tile is inside the chunk
+    # first query row: tiles from the chunk's end; a dead tile's rows are all past it
+    m0 = tl.where(live, (n_tiles - 1 - tile) * BLOCK_M, q_len)
 
     m = m0 + tl.arange(0, BLOCK_M)
     mmask = m < q_len
