@@ -6,10 +6,12 @@ server, ``--prompt-tokens N`` is the length the model processes (chat template i
 ``usage.prompt_tokens`` in the responses equals N; a local tokenizer knows no template, so there
 N is the message content's length.
 
-Synthetic prompts are an instruction followed by words that are one token each for this
-tokenizer (checked at start), drawn at random per request: every prompt is different, so the
-backend's prefix cache cannot turn the prefill into a lookup. Real prompts (``--prompts-file``)
-are cut or padded to N tokens by the same word-level search.
+Synthetic prompts are an instruction followed by random words, drawn per request: every
+prompt is different, so the backend's prefix cache cannot turn the prefill into a lookup.
+Each word's token cost is measured at start. Where enough words are one token each (BPE
+vocabularies) only those are drawn; otherwise (a byte-level tokenizer, where a word costs
+one token per byte) words of any cost are drawn to fill the length, and a one-token unit
+closes the gap. Real prompts (``--prompts-file``) are cut or padded to N tokens the same way.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from urllib.parse import urlsplit
 from loadtests.client import StreamingChatClient
 
 INSTRUCTION = "Repeat the following words back in order:"
-# Common English words; those that are one token (with a leading space) are kept at start.
+# Common English words; their token costs (with a leading space) are measured at start.
 _CANDIDATES = (
     "the of and to in is was for on are with as at be by this had not but from or have an they "
     "which one you were her all she there would their we him been has when who will more no if "
@@ -92,6 +94,11 @@ class LocalTokenCounter:
         pass
 
 
+MIN_ONE_TOKEN_WORDS = 16  # fewer: draw words of any cost (else prompts would barely vary)
+_MAX_WORD_COST = 8  # tokens; dearer candidates are left out
+_UNIT = "."  # appended without a space: one token in the tokenizers seen (checked at start)
+
+
 class PromptFactory:
     """Makes request prompts; ``exact`` tells whether lengths were verified with the counter."""
 
@@ -101,9 +108,11 @@ class PromptFactory:
         self._rng = random.Random(seed)
         self.template_overhead = 0
         self.exact = True
-        self._words: list[str] = []
+        self._words: list[tuple[str, int]] = []  # (word, token cost with its leading space)
+        self._unit = False  # whether _UNIT costs exactly one token
         self._fitted: list[str] = []
-        self._head = 0  # tokens of INSTRUCTION
+        self._instruction = INSTRUCTION
+        self._head = 0  # tokens of the instruction
         self._setup(texts)
 
     def _setup(self, texts: list[str] | None) -> None:
@@ -112,14 +121,19 @@ class PromptFactory:
             with_msg = self._counter.count_messages([{"role": "user", "content": "the"}])
             if with_msg is not None:  # tokens the template adds around the content
                 self.template_overhead = with_msg - base
-        self._words = [w for w in _CANDIDATES
-                       if self._counter.count_text("the " + w) - base == 1] or ["the"]
+        costs = [(w, self._counter.count_text("the " + w) - base) for w in _CANDIDATES]
+        ones = [(w, c) for w, c in costs if c == 1]
+        self._words = ones if len(ones) >= MIN_ONE_TOKEN_WORDS else \
+            [(w, c) for w, c in costs if 1 <= c <= _MAX_WORD_COST]
+        self._unit = self._counter.count_text("the" + _UNIT) - base == 1
         if texts and self._target:
             self._fitted = [self._fit(t) for t in texts]
         elif texts:
             self._fitted = list(texts)
         elif self._target:
             self._head = self._counter.count_text(INSTRUCTION)
+            if self._head > self.content_tokens:  # no room for it: random words alone
+                self._instruction, self._head = "", 0
             sample = self._synthetic()
             self.exact = self._counter.count_text(sample) == self.content_tokens
 
@@ -128,11 +142,25 @@ class PromptFactory:
         return max(1, self._target - self.template_overhead)
 
     def _synthetic(self) -> str:
-        n = max(0, self.content_tokens - self._head)
-        return INSTRUCTION + "".join(" " + self._rng.choice(self._words) for _ in range(n))
+        return self._instruction + self._filler(max(0, self.content_tokens - self._head))
+
+    def _filler(self, n: int) -> str:
+        """Random words costing ``n`` tokens in all (as measured one by one at start; the
+        prompt's own count is checked once, ``exact``)."""
+        out, words = [], self._words
+        cheapest = min((c for _, c in words), default=n + 1)
+        while n >= cheapest:
+            w, c = self._rng.choice(words)
+            while c > n:  # near the end: redraw among the words that still fit
+                w, c = self._rng.choice([wc for wc in words if wc[1] <= n])
+            out.append(" " + w)
+            n -= c
+        if n and self._unit:
+            out.append(_UNIT * n)
+        return "".join(out)
 
     def _fit(self, text: str) -> str:
-        """Cut (binary search over words) or pad (one-token words) ``text`` to the target."""
+        """Cut (binary search over words) or pad (random words) ``text`` to the target."""
         goal, words = self.content_tokens, text.split()
         have = self._counter.count_text(text) if text else 0
         if have > goal:
@@ -145,8 +173,7 @@ class PromptFactory:
                     hi = mid - 1
             text = " ".join(words[:lo])
             have = self._counter.count_text(text) if text else 0
-        pad = "".join(" " + self._rng.choice(self._words) for _ in range(max(0, goal - have)))
-        text = (text + pad).strip()
+        text = (text + self._filler(max(0, goal - have))).strip()
         if self._counter.count_text(text) != goal:
             self.exact = False
         return text

@@ -202,6 +202,10 @@ def build_row(cfg: SweepConfig, batch: int, records_path: str, rc: int, gpu: dic
                           if span and slo_s else None),
         "slo_attainment": len(good) / len(ok) if ok and slo_s else None,
         "tokens_from_usage": sum(1 for r in ok if r.tokens_source == "usage"),
+        # what the server counted (usage), beside whether Locust could fit the length exactly
+        "prompt_tokens_p50": summarize(r.prompt_tokens for r in ok
+                                       if r.prompt_tokens is not None).p50,
+        "prompt_lengths_exact": summ.get("prompt_lengths_exact"),
         "gpu_available": gpu.get("available", False),
         "gpu_util_mean_pct": (gpu["util_pct"]["mean"] if gpu.get("available") else None),
         "gpu_mem_max_mib": (gpu["mem_used_mib"]["max"] if gpu.get("available") else None),
@@ -349,6 +353,14 @@ def sweep_warnings(cfg: SweepConfig, rows: list[dict]) -> list[str]:
         if r["requests_ok"] < cfg.requests:
             out.append(f"batch {b}: only {r['requests_ok']} of {cfg.requests} measured "
                        f"requests completed (step timeout {cfg.step_timeout_s:g} s?)")
+        seen = r.get("prompt_tokens_p50")
+        # with the server's count the target includes the chat template, as usage does (a
+        # local --tokenizer counts the content alone)
+        if r.get("prompt_lengths_exact") is False or not cfg.tokenizer and \
+                seen is not None and cfg.prompt_tokens and seen != cfg.prompt_tokens:
+            out.append(f"batch {b}: prompts of {seen} tokens (median, from usage) for "
+                       f"--prompt-tokens {cfg.prompt_tokens}; exact fit: "
+                       f"{r.get('prompt_lengths_exact')}")
         if r["tokens_from_usage"] < r["requests_ok"]:
             out.append(f"batch {b}: {r['requests_ok'] - r['tokens_from_usage']} responses "
                        "without usage; tokens counted from chunks (fallback)")

@@ -97,6 +97,7 @@ class StepGraphs:
         self.prefill_tokens = _ladder(PREFILL_TOKENS, max_prefill_tokens if mixed else 0,
                                       least=PREFILL_TOKENS[0])
         self.mixed_decodes = [0] + _ladder(MIXED_DECODES, Bm) if self.prefill_tokens else []
+        self.prefill_chunks = MAX_CHUNKS if self.prefill_tokens else 0  # the scheduler's cap
         self.width = -(-runner.max_model_len // runner.block_size)  # blocks
         cache = runner.kv_cache
         self.scratch_slot = cache.scratch_slot

@@ -48,7 +48,8 @@ class LLMEngine:
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, config.scheduling == "static",
-                                   config.max_prefill_tokens, config.prefill_priority)
+                                   config.max_prefill_tokens, config.prefill_priority,
+                                   self.runner.graph_prefill_chunks())
         self.eos = frozenset(source.tokenizer.eos_token_ids)
         self.step_observer = step_observer
         self.seqs: dict[str, Sequence] = {}
@@ -293,7 +294,8 @@ class LLMEngine:
                            async_scheduling=self.async_scheduling,
                            decode_kernels_per_step=dict(graphs.kernels_per_step)
                            if graphs is not None else {},
-                           cuda_graphs=graphs.describe() if graphs is not None else None)
+                           cuda_graphs=graphs.describe() if graphs is not None else None,
+                           max_prefill_seqs=self.scheduler.max_prefill_seqs)
 
     @torch.inference_mode()
     def score(self, token_ids: list[int]) -> torch.Tensor:

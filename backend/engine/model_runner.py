@@ -116,6 +116,11 @@ class ModelRunner:
         c = self.config
         return min(c.cuda_graph_max_tokens, c.max_prefill_tokens or c.max_num_batched_tokens)
 
+    def graph_prefill_chunks(self) -> int | None:
+        """The most prefill chunks a captured step holds (None: no graph holds prefill)."""
+        g = self.graphs
+        return g.prefill_chunks if g is not None and g.prefill_chunks else None
+
     def weights_info(self) -> tuple[str, str, str, str, str]:
         """(linear weights' format, the kernel that runs them, the LM head's format, the
         kernel of one-token steps, the kernel of prefill calls), the kernels as the first

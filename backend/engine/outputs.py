@@ -55,6 +55,8 @@ class EngineStats:
     decode_kernels_per_step: dict[int, int] = field(default_factory=dict)
     # the step shapes captured in CUDA graphs (StepGraphs.describe()); None without graphs
     cuda_graphs: dict | None = None
+    # prefill chunks one step may carry (the graphs' chunk slots); None: no cap
+    max_prefill_seqs: int | None = None
 
 
 @dataclass

@@ -7,6 +7,10 @@ Continuous mode, every step, under ``max_num_batched_tokens`` and ``max_num_seqs
 2. the rest of prefills already in progress (chunked: a prompt may span steps);
 3. new sequences from the waiting queue, first come first served, while the budget, the
    sequence cap and the free blocks allow (admission allocates blocks for the whole prompt).
+2. and 3. together carry at most ``max_prefill_seqs`` chunks, where the engine sets it: the
+chunk slots of its CUDA graphs. Prompts served mostly from the prefix cache cost a few tokens
+each, so a burst of them would otherwise pack dozens of chunks into one step, and such a step
+runs outside the graphs: hundreds of milliseconds of host time with the GPU idle.
 Static mode admits a batch only when nothing runs and lets it run to completion: the
 baseline that continuous batching is measured against.
 
@@ -52,8 +56,10 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
                  max_num_batched_tokens: int, static: bool,
-                 max_prefill_tokens: int | None = None, prefill_priority: bool = False) -> None:
+                 max_prefill_tokens: int | None = None, prefill_priority: bool = False,
+                 max_prefill_seqs: int | None = None) -> None:
         self.bm = block_manager
+        self.max_prefill_seqs = max_prefill_seqs if not static else None
         # Never more running sequences than tokens in a step: every running decode then
         # gets its token in every step that schedules decodes (none starves behind the budget).
         self.max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
@@ -102,7 +108,7 @@ class Scheduler:
     def _schedule_prefills(self, batch: ScheduledBatch, budget: int) -> None:
         """Chunks of prefills under way, then new admissions, under ``budget`` tokens."""
         for seq in self.running:
-            if budget == 0:
+            if budget == 0 or self._chunks_full(batch):
                 break
             if seq.status is SeqStatus.RUNNING and not seq.is_decode:
                 n = min(seq.num_uncomputed, budget)
@@ -110,6 +116,10 @@ class Scheduler:
                 budget -= n
         if not self.static or not self.running:
             self._admit(batch, budget)
+
+    def _chunks_full(self, batch: ScheduledBatch) -> bool:
+        return self.max_prefill_seqs is not None and \
+            len(batch.prefills) >= self.max_prefill_seqs
 
     def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:
         i = 0
@@ -134,7 +144,7 @@ class Scheduler:
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         now = time.perf_counter_ns()
         while self.waiting and len(self.running) < self.max_num_seqs:
-            if budget == 0 and not self.static:
+            if budget == 0 and not self.static or self._chunks_full(batch):
                 break
             seq = self.waiting[0]
             if not self.bm.can_allocate(seq):

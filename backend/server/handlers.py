@@ -125,6 +125,7 @@ async def health(request: web.Request) -> web.Response:
         "max_model_len": state.engine.max_model_len,
         "device": state.config.engine.device,
         "engine": {**state.config.engine.scheduling_policy(),
+                   "max_prefill_seqs": s.max_prefill_seqs,
                    "async_scheduling": s.async_scheduling, "cuda_graphs": s.cuda_graphs,
                    "decode_kernels_per_step": {str(b): n for b, n in
                                                sorted(s.decode_kernels_per_step.items())}}})

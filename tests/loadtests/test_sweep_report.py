@@ -6,6 +6,7 @@ import sys
 
 from loadtests.decompose import decompose
 from loadtests.sse import RequestRecord
+from loadtests.sweep import SweepConfig, sweep_warnings
 
 from .conftest import CLIENT_KEY, ROOT
 
@@ -35,7 +36,9 @@ def test_sweep_writes_csv_json_charts_and_html(lt_fake, lt_gateway, tmp_path):
     data = json.load(open(out / "results.json"))
     assert data["meta"]["best_batch_size"] == 2
     assert any("p99 from" in w for w in data["meta"]["warnings"])  # 12 samples < 100
+    assert not any("prompts of" in w for w in data["meta"]["warnings"])
     for row in data["rows"]:
+        assert row["prompt_tokens_p50"] == 10 and row["prompt_lengths_exact"] is True
         assert row["decomposition_joined"]["gateway"] == row["decomposition_joined"]["requests"]
         if not row["gpu_available"]:  # CPU machine: recorded as unavailable, never faked
             assert row["gpu_util_mean_pct"] is None and "NVML" in row["gpu"]["reason"]
@@ -67,3 +70,16 @@ def test_decomposition_adds_up_to_the_client_ttft():
     assert abs(sum(m.values()) - 0.100) < 1e-9
     no_gw = decompose(recs, {})["mean_s"]
     assert abs(no_gw["client + gateway"] - 0.010) < 1e-9
+
+
+def test_prompts_of_the_wrong_length_are_flagged():
+    # what a byte-level tokenizer gave before word costs were measured: 1,884-token prompts
+    # for --prompt-tokens 512
+    cfg = SweepConfig(host="http://x", model="m", batch_sizes=(8,), prompt_tokens=512)
+    row = {"batch_size": 8, "step_failed": False, "ttft_count": 100,
+           "generator_saturated": False, "timing_noise": "", "requests_failed": 0,
+           "requests_ok": 100, "tokens_from_usage": 100, "gpu_available": False,
+           "gpu": {"reason": "none"}, "prompt_tokens_p50": 1884, "prompt_lengths_exact": False}
+    assert any("prompts of 1884 tokens" in w for w in sweep_warnings(cfg, [row]))
+    assert not any("prompts of" in w for w in sweep_warnings(
+        cfg, [{**row, "prompt_tokens_p50": 512, "prompt_lengths_exact": True}]))

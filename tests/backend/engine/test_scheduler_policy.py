@@ -199,3 +199,34 @@ def test_engine_policies_change_steps_not_tokens(smollm2_source) -> None:
     # under priority a chunked prompt's steps alternate: prefill only, then decodes (+ chunk)
     assert any(s.num_prefill_tokens and not s.num_decode_tokens
                for s in steps["priority + budget 8"][1:])
+
+
+def test_prefill_chunks_per_step_capped_at_the_graph_slots():
+    # a burst of short prompts (e.g. served from the prefix cache): 12 fit the token budget
+    # of one step, but a step carries at most max_prefill_seqs chunks, the running decodes
+    # still go first, and every prompt is admitted in arrival order
+    sched = _scheduler(budget=64, max_prefill_seqs=4)
+    old = _decoding(sched, ["a", "b"])
+    burst = [_seq(f"p{i}", 5) for i in range(12)]
+    for s in burst:
+        sched.add(s)
+    seen = []
+    for _ in range(3):
+        batch = _step(sched)
+        assert {s.request_id for s in old} <= {s.request_id for s in batch.decodes}
+        assert len(batch.prefills) == 4
+        seen += [s.request_id for s, _ in batch.prefills]
+    assert seen == [s.request_id for s in burst] and all(s.is_decode for s in burst)
+    # without the cap the same burst fills one step
+    free = _scheduler(budget=64)
+    for s in [_seq(f"q{i}", 5) for i in range(12)]:
+        free.add(s)
+    assert len(free.schedule().prefills) == 12
+
+
+def test_static_scheduling_ignores_the_chunk_cap():
+    sched = Scheduler(BlockManager(256, 16, enable_prefix_caching=False), max_num_seqs=16,
+                      max_num_batched_tokens=64, static=True, max_prefill_seqs=4)
+    for i in range(6):
+        sched.add(_seq(f"s{i}", 5))
+    assert len(sched.schedule().prefills) == 6

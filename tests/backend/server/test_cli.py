@@ -101,6 +101,8 @@ def test_cli_serves_and_stops_on_sigterm():
         assert {k: health["engine"][k] for k in policy} == {
             "scheduling": "continuous", "max_num_batched_tokens": 2048,
             "max_prefill_tokens": 64, "prefill_priority": True}
+        # no graphs hold prefill steps on the CPU: no cap on the chunks of one step
+        assert health["engine"]["max_prefill_seqs"] is None
         # how the work between attention calls ran: eager on the CPU by default
         assert health["compile"] == {"enabled": False, "step_ops": "eager", "pieces": [],
                                      "seconds": 0.0}
@@ -111,3 +113,16 @@ def test_cli_serves_and_stops_on_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def test_serving_freezes_the_start_up_objects_out_of_garbage_collection():
+    # in a child process: a freeze in the test process would follow every later test
+    code = ("import gc\n"
+            "from backend.server.app import freeze_startup_objects\n"
+            "assert gc.get_freeze_count() == 0\n"
+            "freeze_startup_objects()\n"
+            "print(gc.get_freeze_count(), gc.get_threshold()[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    frozen, threshold = int(out[0]), int(out[1])
+    assert frozen > 10_000 and threshold == 700  # the imports' objects; default threshold
