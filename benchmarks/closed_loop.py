@@ -51,6 +51,8 @@ class StepSample:
     decode_tokens: int
     batch_size: int
     context_tokens: int  # tokens of the running sequences before the step (decode steps: the K/V read)
+    prefill_seqs: int = 0  # prefill chunks in the step
+    graphed: bool | None = None  # a CUDA graph ran it (None: no graphs)
 
 
 @dataclass
@@ -124,7 +126,7 @@ class ClosedLoop:
             if window_start_ns is not None and done < measured and last.stats is not None:
                 s = last.stats
                 steps.append(StepSample(s.duration_s, s.num_prefill_tokens, s.num_decode_tokens,
-                                        s.batch_size, context))
+                                        s.batch_size, context, s.num_prefill_seqs, s.graphed))
             for o in outputs:
                 rec = records[o.request_id]
                 if o.new_token_ids:

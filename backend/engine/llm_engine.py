@@ -147,14 +147,15 @@ class LLMEngine:
             else:
                 outputs += self._collect(launched)
         if batch.num_seqs and (launched is None or not self.async_scheduling):
-            self._observe(batch, time.perf_counter_ns() - t0)
+            self._observe(batch, time.perf_counter_ns() - t0,
+                          launched.graphed if launched is not None else None)
         return outputs
 
-    def _observe(self, batch: ScheduledBatch, duration_ns: int) -> None:
+    def _observe(self, batch: ScheduledBatch, duration_ns: int, graphed: bool | None) -> None:
         if self.step_observer is None:
             return
         stats = StepStats(batch.num_seqs, batch.num_prefill_tokens, len(batch.decodes),
-                          duration_ns / 1e9)
+                          duration_ns / 1e9, len(batch.prefills), graphed)
         try:
             self.step_observer(stats)
         except Exception:  # noqa: BLE001 - a metrics bug must not fail the requests
@@ -173,7 +174,8 @@ class LLMEngine:
         for row, seq in enumerate(sampled):
             slots.append(len(seq.token_ids))
             seq.token_ids.append(pending_token(row))
-        return _Launched(batch, sampled, slots, ids, time.perf_counter_ns())
+        return _Launched(batch, sampled, slots, ids, time.perf_counter_ns(),
+                         self.runner.last_graphed)
 
     def _after_launch(self, launched: _Launched) -> None:
         """Once the previous step's tokens are known: register the full blocks of the
@@ -202,7 +204,8 @@ class LLMEngine:
             return []
         outputs = self._collect(launched)
         now = time.perf_counter_ns()
-        self._observe(launched.batch, now - max(launched.launched_ns, self._last_collected_ns))
+        self._observe(launched.batch, now - max(launched.launched_ns, self._last_collected_ns),
+                      launched.graphed)
         self._last_collected_ns = now
         return outputs
 
@@ -337,6 +340,7 @@ class _Launched:
     slots: list[int]  # where each one's placeholder sits in its token_ids
     ids: SampledIds
     launched_ns: int  # perf_counter_ns when it was queued
+    graphed: bool | None  # whether a CUDA graph ran it (None: no graphs)
 
 
 def _halves(batch: ScheduledBatch) -> tuple[ScheduledBatch, ScheduledBatch]:

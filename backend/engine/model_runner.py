@@ -106,6 +106,7 @@ class ModelRunner:
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,
                                         device=self.device)
         self.graphs = None
+        self.last_graphed: bool | None = None  # whether a graph ran the latest step
         if config.cuda_graph and self.device.type == "cuda":
             self.graphs = StepGraphs(self, config.max_num_seqs, self.graph_prefill_tokens(),
                                      mixed=self.attention == "triton")
@@ -166,6 +167,7 @@ class ModelRunner:
             if self.graphs is not None:
                 with self.nvtx.range("forward"):
                     logits = self.graphs.run(host, len(batch.decodes), len(batch.prefills))
+                self.last_graphed = logits is not None
             if logits is None:  # no graph holds this step's shape
                 with self.nvtx.range("prepare"):
                     inputs = self.prepare(batch, host)

@@ -67,3 +67,7 @@ class StepStats:
     num_prefill_tokens: int
     num_decode_tokens: int
     duration_s: float
+    num_prefill_seqs: int = 0  # prefill chunks the step carried
+    # whether a CUDA graph ran it (False: no captured shape held it, so it ran eagerly);
+    # None without graphs
+    graphed: bool | None = None

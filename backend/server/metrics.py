@@ -76,6 +76,9 @@ class Metrics:
         self.e2e = hist("backend_e2e_seconds", "Receipt to the request's end", LATENCY_BUCKETS)
         self.batch_size = hist("backend_batch_size", "Sequences per engine step",
                                BATCH_BUCKETS)
+        self.eager_steps = Counter(
+            "backend_eager_steps", "Engine steps that no captured CUDA graph held, run "
+            "eagerly (host-bound: the GPU waits on the launches)", registry=self.registry)
         self.request_errors = Counter(
             "backend_request_errors", "Requests that ended with an error, by HTTP status and "
             "error code (also streams that failed after their headers)", ["status", "code"],
@@ -85,6 +88,8 @@ class Metrics:
     def observe_step(self, step: object) -> None:
         """AsyncEngine step observer (called from the engine thread)."""
         self.batch_size.observe(step.batch_size)
+        if step.graphed is False:
+            self.eager_steps.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

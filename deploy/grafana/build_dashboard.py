@@ -110,11 +110,14 @@ def panels() -> list[dict]:
         panel("KV cache blocks",
               [q("sum(backend_kv_blocks_used)", "used"), q("sum(backend_kv_blocks_total)", "total")],
               "short", 8, 42, w=8),
-        panel("Running / waiting requests, preemptions/s",
+        panel("Running / waiting requests, preemptions/s, eager steps/s",
               [q("sum(backend_requests_running)", "running"),
                q("sum(backend_requests_waiting)", "waiting"),
-               q(f"sum(rate(backend_preemptions_total{RI}))", "preemptions/s")],
-              "short", 16, 42, w=8),
+               q(f"sum(rate(backend_preemptions_total{RI}))", "preemptions/s"),
+               q(f"sum(rate(backend_eager_steps_total{RI}))", "eager steps/s")],
+              "short", 16, 42, w=8,
+              desc="Eager steps: steps that no captured CUDA graph held (the host launches "
+                   "every kernel while the GPU waits)."),
         row("TTFT SLO (99% of requests within 1 s)", 50),
         panel("TTFT SLO burn rate",
               [q(f"model:gateway_ttft_slo:burn_rate{w}{SEL}", "{{model}} " + w)

@@ -194,6 +194,7 @@ async def test_metrics_move_with_the_real_engine(tiny):
         assert after[name] > before[name], name
     assert after["backend_kv_blocks_total"] > 0
     assert any(k.startswith("backend_attention_kernel_info{") for k in after)
+    assert after["backend_eager_steps_total"] == 0  # no CUDA graphs here: none counted
 
 
 async def test_full_kv_cache_makes_requests_wait():
