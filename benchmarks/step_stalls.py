@@ -37,13 +37,22 @@ class CompileLog:
         self.events: list[dict] = []
         self.reason: str | None = None
         self._t0: float | None = None
+        self._saved: tuple | None = None
         try:
             from triton import knobs
         except ImportError as exc:  # CPU-only installs, or a Triton without knobs
             self.reason = f"Triton's compile hooks unavailable ({exc})"
             return
+        self._runtime = knobs.runtime
+        self._saved = (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook)
         knobs.runtime.jit_cache_hook = self._before
         knobs.runtime.jit_post_compile_hook = self._after
+
+    def close(self) -> None:
+        """Put back the hooks found at start."""
+        if self._saved is not None:
+            self._runtime.jit_cache_hook, self._runtime.jit_post_compile_hook = self._saved
+            self._saved = None
 
     def _before(self, *args, **kwargs) -> None:  # None: compile as usual
         self._t0 = time.perf_counter()
@@ -116,8 +125,11 @@ def main(argv: list[str] | None = None) -> dict:
     built_s = time.perf_counter() - t0
     compiles = CompileLog()  # after start-up: what the engine compiles under load
     vocab = source.config.vocab_size
-    runs = [run_one(engine, vocab, kind, c, a, compiles)
-            for kind in a.prompts for c in a.concurrency]
+    try:
+        runs = [run_one(engine, vocab, kind, c, a, compiles)
+                for kind in a.prompts for c in a.concurrency]
+    finally:
+        compiles.close()
     out = {"model": a.model, "device": a.device, "engine_build_s": built_s,
            "max_prefill_seqs": engine.scheduler.max_prefill_seqs,
            "compile_hooks": compiles.reason or "installed", "runs": runs}

@@ -206,6 +206,9 @@ def build_row(cfg: SweepConfig, batch: int, records_path: str, rc: int, gpu: dic
         "prompt_tokens_p50": summarize(r.prompt_tokens for r in ok
                                        if r.prompt_tokens is not None).p50,
         "prompt_lengths_exact": summ.get("prompt_lengths_exact"),
+        # the backend's firsttoken_timings: prompt tokens its prefix cache served
+        "cached_prompt_tokens_p50": summarize((r.server_timings or {}).get(
+            "cached_prompt_tokens") for r in ok).p50,
         "gpu_available": gpu.get("available", False),
         "gpu_util_mean_pct": (gpu["util_pct"]["mean"] if gpu.get("available") else None),
         "gpu_mem_max_mib": (gpu["mem_used_mib"]["max"] if gpu.get("available") else None),
@@ -361,6 +364,11 @@ def sweep_warnings(cfg: SweepConfig, rows: list[dict]) -> list[str]:
             out.append(f"batch {b}: prompts of {seen} tokens (median, from usage) for "
                        f"--prompt-tokens {cfg.prompt_tokens}; exact fit: "
                        f"{r.get('prompt_lengths_exact')}")
+        cached = r.get("cached_prompt_tokens_p50")
+        if cached and seen and cached >= seen / 2:
+            out.append(f"batch {b}: the backend's prefix cache served {cached:g} of {seen:g} "
+                       "prompt tokens (median): prefill is mostly a lookup, not the prompt "
+                       "length's work")
         if r["tokens_from_usage"] < r["requests_ok"]:
             out.append(f"batch {b}: {r['requests_ok'] - r['tokens_from_usage']} responses "
                        "without usage; tokens counted from chunks (fallback)")

@@ -80,6 +80,8 @@ def test_prompts_of_the_wrong_length_are_flagged():
            "generator_saturated": False, "timing_noise": "", "requests_failed": 0,
            "requests_ok": 100, "tokens_from_usage": 100, "gpu_available": False,
            "gpu": {"reason": "none"}, "prompt_tokens_p50": 1884, "prompt_lengths_exact": False}
-    assert any("prompts of 1884 tokens" in w for w in sweep_warnings(cfg, [row]))
+    warned = sweep_warnings(cfg, [{**row, "cached_prompt_tokens_p50": 1872}])
+    assert any("prompts of 1884 tokens" in w for w in warned)
+    assert any("prefix cache served 1872 of 1884" in w for w in warned)
     assert not any("prompts of" in w for w in sweep_warnings(
         cfg, [{**row, "prompt_tokens_p50": 512, "prompt_lengths_exact": True}]))
