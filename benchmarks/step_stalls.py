@@ -11,13 +11,14 @@ so a burst of them costs a few tokens each). Per run: the measured window's step
 CUDA graph did not hold (``graphed`` False: run eagerly, the host launching every kernel),
 those slower than ``--slow-ms``, the most prefill chunks one step carried, TTFT p50/p99 and
 every Triton compile after start-up (its kernel and milliseconds; a compile under load stalls
-every request for its duration).
+every request for its duration), and NVML's GPU-Util over the measured window on CUDA.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Iterator
@@ -27,6 +28,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.weights.loader import load_model_source
 from benchmarks.closed_loop import ClosedLoop, seeded_prompts
+from loadtests.observe import GpuSampler
 from loadtests.stats import summarize
 
 
@@ -72,7 +74,13 @@ def run_one(engine: LLMEngine, vocab: int, kind: str, concurrency: int,
     params = SamplingParams(max_tokens=a.output_tokens, ignore_eos=True, temperature=0.0)
     prompts = _prompts(kind, vocab, a.prompt_tokens, a.seed)
     first = len(compiles.events)
-    res = ClosedLoop(engine, prompts, params, concurrency).run(concurrency, a.requests)
+    sampler = GpuSampler(interval_s=0.1)  # NVML GPU-Util over the measured window
+    try:
+        res = ClosedLoop(engine, prompts, params, concurrency).run(
+            concurrency, a.requests, on_window_start=sampler.start)
+    finally:
+        gpu = sampler.stop()
+    util = statistics.fmean(gpu.util_pct) if gpu.available and gpu.util_pct else None
     steps = res.steps
     ttft = summarize(r.ttft_s for r in res.records).scaled(1e3)
     dur = summarize(s.duration_s for s in steps).scaled(1e3)
@@ -85,6 +93,8 @@ def run_one(engine: LLMEngine, vocab: int, kind: str, concurrency: int,
         "step_ms_p50": dur.p50, "step_ms_p99": dur.p99, "step_ms_max": dur.max,
         "ttft_p50_ms": ttft.p50, "ttft_p99_ms": ttft.p99,
         "output_tok_s": res.window_tokens / res.window_s if res.window_s else None,
+        "gpu_util_mean_pct": util,
+        "gpu_util_reason": None if util is not None else gpu.reason or "no NVML sample",
         "compiles": compiles.events[first:],
         "slowest": [{"ms": s.duration_s * 1e3, "prefill_seqs": s.prefill_seqs,
                      "prefill_tokens": s.prefill_tokens, "decodes": s.decode_tokens,

@@ -15,6 +15,7 @@ def test_step_stalls_reports_every_run(tmp_path):
         assert r["requests"] == 10 and r["steps"] > 0 and r["eager_steps"] == 0  # no graphs
         assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"]
         assert r["step_ms_p50"] <= r["step_ms_max"]
+        assert r["gpu_util_mean_pct"] is None and r["gpu_util_reason"]  # the CPU: said why
     # 8 clients starting together: their prompts are chunks of one step (no cap on the CPU)
     assert out["max_prefill_seqs"] is None
     assert runs[("shared", 8)]["max_prefill_seqs_in_a_step"] == 8
