@@ -298,7 +298,8 @@ class LLMEngine:
                            decode_kernels_per_step=dict(graphs.kernels_per_step)
                            if graphs is not None else {},
                            cuda_graphs=graphs.describe() if graphs is not None else None,
-                           max_prefill_seqs=self.scheduler.max_prefill_seqs)
+                           max_prefill_seqs=self.scheduler.max_prefill_seqs,
+                           cached_prompt_tokens_total=self.scheduler.cached_prompt_tokens_total)
 
     @torch.inference_mode()
     def score(self, token_ids: list[int]) -> torch.Tensor:

@@ -57,6 +57,8 @@ class EngineStats:
     cuda_graphs: dict | None = None
     # prefill chunks one step may carry (the graphs' chunk slots); None: no cap
     max_prefill_seqs: int | None = None
+    # prompt tokens the prefix cache served (first admissions; of prompt_tokens_total)
+    cached_prompt_tokens_total: int = 0
 
 
 @dataclass

@@ -69,6 +69,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions_total = 0
+        self.cached_prompt_tokens_total = 0  # prompt tokens the prefix cache served at admission
         # the previous step was prefill-only while decodes were running: this one must
         # carry them (the bound on how long prefill priority can hold a decode back)
         self._decodes_held = False
@@ -154,6 +155,7 @@ class Scheduler:
             if seq.first_scheduled_ns is None:
                 seq.first_scheduled_ns = now
                 seq.num_cached_tokens = cached
+                self.cached_prompt_tokens_total += cached
             seq.num_computed = cached
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)

@@ -46,6 +46,8 @@ class _EngineStatsCollector(Collector):
         for name, doc, value in (
                 ("backend_preemptions", "Sequences preempted (recompute)", s.preemptions_total),
                 ("backend_prompt_tokens", "Prompt tokens processed", s.prompt_tokens_total),
+                ("backend_cached_prompt_tokens", "Prompt tokens served from the prefix cache "
+                 "(part of backend_prompt_tokens)", s.cached_prompt_tokens_total),
                 ("backend_generation_tokens", "Tokens generated",
                  s.generation_tokens_total)):
             yield CounterMetricFamily(name, doc, value=value)

@@ -35,6 +35,7 @@ INTERFACE_METRICS = {
     "backend_kv_blocks_used": "gauge", "backend_kv_blocks_total": "gauge",
     "backend_preemptions_total": "counter", "backend_prompt_tokens_total": "counter",
     "backend_generation_tokens_total": "counter", "backend_eager_steps_total": "counter",
+    "backend_cached_prompt_tokens_total": "counter",
 }
 PROMETHEUS_OWN = {"up"}  # Prometheus's own scrape-health series
 FALLBACK_FLAGS = {

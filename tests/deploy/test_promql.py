@@ -109,7 +109,8 @@ def test_names_match_the_real_registries():
         from backend.server.metrics import Metrics as BackendMetrics
         stats = types.SimpleNamespace(running=0, waiting=0, kv_blocks_used=0, kv_blocks_total=1,
                                       preemptions_total=0, prompt_tokens_total=0,
-                                      generation_tokens_total=0, attention_kernel="sdpa")
+                                      generation_tokens_total=0, attention_kernel="sdpa",
+                                      cached_prompt_tokens_total=0)
         exported |= registry_names(BackendMetrics(lambda: stats).registry)
     if exported == set(PROMETHEUS_OWN):
         pytest.skip("neither gateway.metrics nor backend.server.metrics is importable")

@@ -197,6 +197,23 @@ async def test_metrics_move_with_the_real_engine(tiny):
     assert after["backend_eager_steps_total"] == 0  # no CUDA graphs here: none counted
 
 
+async def test_cached_prompt_tokens_are_counted(tiny):
+    # the same long prompt twice: the second is served from the prefix cache but its last
+    # partial block, and the counter moves by what its usage reports as cached
+    client = _async_client(tiny)
+    messages = [{"role": "user", "content": "count the blocks of this prompt " * 8}]
+    await client.chat.completions.create(model="synthetic:tiny", messages=messages,
+                                         max_tokens=1)
+    before = await _gauges(tiny)
+    again = await client.chat.completions.create(model="synthetic:tiny", messages=messages,
+                                                 max_tokens=1)
+    after = await _gauges(tiny)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached >= again.usage.prompt_tokens - 16 > 0
+    assert after["backend_cached_prompt_tokens_total"] - \
+        before["backend_cached_prompt_tokens_total"] == cached
+
+
 async def test_full_kv_cache_makes_requests_wait():
     # A KV pool of a few blocks: each request below needs 3/4 of it, so they cannot all run
     # at once; the others must wait (or be preempted and recomputed) — never fail.
