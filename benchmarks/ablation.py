@@ -31,7 +31,6 @@ import argparse
 import gc
 import json
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -43,9 +42,8 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.weights.loader import load_model_source
 from backend.profiling.summary import kernel_busy_pct as summary_kernel_busy_pct
-from benchmarks.closed_loop import ClosedLoop, LoopResult, seeded_prompts
+from benchmarks.closed_loop import ClosedLoop, LoopResult, run_with_gpu_util, seeded_prompts
 from benchmarks.roofline import Floors, StepCost, measure_floors, step_cost
-from loadtests.observe import GpuSampler
 from loadtests.stats import summarize
 
 # Each row's config, cumulative: row n = row n-1 + these fields.
@@ -168,24 +166,19 @@ class Bench:
     def measure(self, engine: LLMEngine, concurrency: int, measured: int) -> dict:
         a, cuda = self.a, engine.runner.device.type == "cuda"
         warmup = a.warmup if a.warmup is not None else concurrency
-        sampler = GpuSampler(interval_s=0.1)
         loop = ClosedLoop(engine, self.prompts, self.params, concurrency)
         t0 = time.perf_counter()
-        try:
-            res = loop.run(warmup, measured, on_window_start=sampler.start,
-                           profile_steps=a.profile_steps if cuda else 0, profile_cuda=cuda,
-                           profile_dir=self.tmp)
-        finally:
-            gpu = sampler.stop()
+        res, util = run_with_gpu_util(loop, warmup, measured,
+                                      profile_steps=a.profile_steps if cuda else 0,
+                                      profile_cuda=cuda, profile_dir=self.tmp)
         row = {"concurrency": concurrency, "warmup": warmup, "measured": measured,
                "run_s": time.perf_counter() - t0, **self.metrics(engine, res)}
         reasons = {}
-        if gpu.available and gpu.util_pct:
-            row["gpu_util_mean_pct"] = statistics.fmean(gpu.util_pct)
-            row["gpu_util_samples"] = len(gpu.util_pct)
+        row["gpu_util_mean_pct"] = util.mean_pct
+        if util.reason:
+            reasons["gpu_util_mean_pct"] = util.reason
         else:
-            row["gpu_util_mean_pct"] = None
-            reasons["gpu_util_mean_pct"] = gpu.reason or "no NVML sample in the window"
+            row["gpu_util_samples"] = util.samples
         row["kernel_busy_pct"], why = kernel_busy_pct(res.profile, cuda, a.profile_steps)
         if why:
             reasons["kernel_busy_pct"] = why

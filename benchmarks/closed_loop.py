@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import StepStats
 from backend.engine.sampling import SamplingParams
 from backend.profiling.capture import CaptureJob, StepProfiler
+from loadtests.observe import GpuSampler
 
 
 @dataclass
@@ -173,3 +175,24 @@ class ClosedLoop:
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]
+
+
+@dataclass
+class WindowGpuUtil:
+    """NVML GPU-Util over a closed loop's measured window."""
+    mean_pct: float | None
+    samples: int
+    reason: str | None  # why there is no mean
+
+
+def run_with_gpu_util(loop: ClosedLoop, warmup: int, measured: int, **run_kw
+                      ) -> tuple[LoopResult, WindowGpuUtil]:
+    """``loop.run`` with NVML sampling GPU-Util from the first measured send to its end."""
+    sampler = GpuSampler(interval_s=0.1)
+    try:
+        res = loop.run(warmup, measured, on_window_start=sampler.start, **run_kw)
+    finally:
+        gpu = sampler.stop()
+    if gpu.available and gpu.util_pct:
+        return res, WindowGpuUtil(statistics.fmean(gpu.util_pct), len(gpu.util_pct), None)
+    return res, WindowGpuUtil(None, 0, gpu.reason or "no NVML sample in the window")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Iterator
@@ -27,8 +26,7 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.weights.loader import load_model_source
-from benchmarks.closed_loop import ClosedLoop, seeded_prompts
-from loadtests.observe import GpuSampler
+from benchmarks.closed_loop import ClosedLoop, run_with_gpu_util, seeded_prompts
 from loadtests.stats import summarize
 
 
@@ -74,13 +72,8 @@ def run_one(engine: LLMEngine, vocab: int, kind: str, concurrency: int,
     params = SamplingParams(max_tokens=a.output_tokens, ignore_eos=True, temperature=0.0)
     prompts = _prompts(kind, vocab, a.prompt_tokens, a.seed)
     first = len(compiles.events)
-    sampler = GpuSampler(interval_s=0.1)  # NVML GPU-Util over the measured window
-    try:
-        res = ClosedLoop(engine, prompts, params, concurrency).run(
-            concurrency, a.requests, on_window_start=sampler.start)
-    finally:
-        gpu = sampler.stop()
-    util = statistics.fmean(gpu.util_pct) if gpu.available and gpu.util_pct else None
+    res, util = run_with_gpu_util(ClosedLoop(engine, prompts, params, concurrency),
+                                  concurrency, a.requests)
     steps = res.steps
     ttft = summarize(r.ttft_s for r in res.records).scaled(1e3)
     dur = summarize(s.duration_s for s in steps).scaled(1e3)
@@ -93,8 +86,8 @@ def run_one(engine: LLMEngine, vocab: int, kind: str, concurrency: int,
         "step_ms_p50": dur.p50, "step_ms_p99": dur.p99, "step_ms_max": dur.max,
         "ttft_p50_ms": ttft.p50, "ttft_p99_ms": ttft.p99,
         "output_tok_s": res.window_tokens / res.window_s if res.window_s else None,
-        "gpu_util_mean_pct": util,
-        "gpu_util_reason": None if util is not None else gpu.reason or "no NVML sample",
+        "gpu_util_mean_pct": util.mean_pct,
+        "gpu_util_reason": util.reason,
         "compiles": compiles.events[first:],
         "slowest": [{"ms": s.duration_s * 1e3, "prefill_seqs": s.prefill_seqs,
                      "prefill_tokens": s.prefill_tokens, "decodes": s.decode_tokens,

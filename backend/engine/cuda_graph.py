@@ -97,7 +97,8 @@ class StepGraphs:
         self.prefill_tokens = _ladder(PREFILL_TOKENS, max_prefill_tokens if mixed else 0,
                                       least=PREFILL_TOKENS[0])
         self.mixed_decodes = [0] + _ladder(MIXED_DECODES, Bm) if self.prefill_tokens else []
-        self.prefill_chunks = MAX_CHUNKS if self.prefill_tokens else 0  # the scheduler's cap
+        # the scheduler's cap on a step's prefill chunks; None: no graph holds prefill
+        self.prefill_chunks = MAX_CHUNKS if self.prefill_tokens else None
         self.width = -(-runner.max_model_len // runner.block_size)  # blocks
         cache = runner.kv_cache
         self.scratch_slot = cache.scratch_slot
@@ -126,7 +127,7 @@ class StepGraphs:
         """The captured shapes, as /health reports them."""
         return {"decode_batch_sizes": self.sizes, "prefill_token_buckets": self.prefill_tokens,
                 "decode_rows_with_prefill": self.mixed_decodes,
-                "max_prefill_chunks": MAX_CHUNKS if self.prefill_tokens else 0}
+                "max_prefill_chunks": self.prefill_chunks or 0}
 
     # -- capture ------------------------------------------------------------------------
     def _forward(self, key: tuple[int, int]) -> torch.Tensor:

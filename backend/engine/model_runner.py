@@ -119,8 +119,7 @@ class ModelRunner:
 
     def graph_prefill_chunks(self) -> int | None:
         """The most prefill chunks a captured step holds (None: no graph holds prefill)."""
-        g = self.graphs
-        return g.prefill_chunks if g is not None and g.prefill_chunks else None
+        return self.graphs.prefill_chunks if self.graphs is not None else None
 
     def weights_info(self) -> tuple[str, str, str, str, str]:
         """(linear weights' format, the kernel that runs them, the LM head's format, the
