@@ -58,6 +58,7 @@ class SweepConfig:
     tokenize_url: str | None = None
     tokenizer: str | None = None
     endpoint: str = "chat"
+    seed: int = 0
     step_timeout_s: float = 600.0
     restart_backend: bool = False
     backend_model: str = "smollm2-135m-instruct"
@@ -89,12 +90,22 @@ def locust_command(cfg: SweepConfig, batch: int, records: str, csv_prefix: str) 
            "--host", cfg.host, "--model", cfg.model, "--prompt-tokens", str(cfg.prompt_tokens),
            "--output-tokens", str(cfg.output_tokens), "--records", records,
            "--measure-requests", str(cfg.requests), "--warmup-requests", str(warmup),
-           "--endpoint", cfg.endpoint, "--csv", csv_prefix, "--stop-timeout", "5"]
+           "--endpoint", cfg.endpoint, "--csv", csv_prefix, "--stop-timeout", "5",
+           "--seed", str(step_seed(cfg, batch))]
     if cfg.tokenize_url:
         cmd += ["--tokenize-url", cfg.tokenize_url]
     if cfg.tokenizer:
         cmd += ["--tokenizer", cfg.tokenizer]
     return cmd
+
+
+def step_seed(cfg: SweepConfig, batch: int) -> int:
+    """The prompt RNG seed of one batch size's step. Each step draws its own prompts: with one
+    seed for all, a step would resend the previous step's prompts and a backend that kept
+    them in its prefix cache would serve them as cache hits. Keyed by the batch size (not the
+    step's position) so a row's prompts do not depend on which other sizes were swept; the
+    gap of 1,000 leaves room for Locust's per-worker offsets."""
+    return cfg.seed + 1000 * batch
 
 
 def _count_measured(path: str) -> int:
@@ -506,6 +517,8 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
     p.add_argument("--tokenize-url", default=None, help="POST /tokenize URL (the backend's)")
     p.add_argument("--tokenizer", default=None, help="local tokenizer.json instead")
     p.add_argument("--endpoint", default="chat", choices=("chat", "completions"))
+    p.add_argument("--seed", type=int, default=0,
+                   help="prompt RNG seed; each batch size draws its own prompts from it")
     p.add_argument("--step-timeout", type=float, default=600.0, help="seconds per batch size")
     p.add_argument("--restart-backend", action="store_true",
                    help="start `python -m backend --max-num-seqs <batch>` for every step")
@@ -533,7 +546,7 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
         slo_percentile=a.slo_percentile, out=a.out, label=a.label,
         gateway_metrics=None if gm == "none" else gm, backend_metrics=a.backend_metrics,
         metrics_token=os.environ.get("GATEWAY_METRICS_TOKEN"), gateway_log=a.gateway_log,
-        tokenize_url=a.tokenize_url, tokenizer=a.tokenizer, endpoint=a.endpoint,
+        tokenize_url=a.tokenize_url, tokenizer=a.tokenizer, endpoint=a.endpoint, seed=a.seed,
         step_timeout_s=a.step_timeout, restart_backend=a.restart_backend,
         backend_model=a.backend_model, backend_port=a.backend_port,
         backend_args=tuple(shlex.split(a.backend_args)),

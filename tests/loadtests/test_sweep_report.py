@@ -12,7 +12,7 @@ from .conftest import CLIENT_KEY, ROOT
 
 
 def test_sweep_writes_csv_json_charts_and_html(lt_fake, lt_gateway, tmp_path):
-    up, _ = lt_fake(ttft_ms=60, itl_ms=5, tokens=64)
+    up, fake = lt_fake(ttft_ms=60, itl_ms=5, tokens=64)
     gw, gw_log = lt_gateway(up)
     out = tmp_path / "sweep"
     res = subprocess.run(
@@ -48,6 +48,11 @@ def test_sweep_writes_csv_json_charts_and_html(lt_fake, lt_gateway, tmp_path):
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3 and "Largest batch size" in html
     assert (out / "steps" / "batch-002" / "records.jsonl").exists()
+    # every request of every step carried its own prompt: a step that resent the previous
+    # step's prompts would be measuring a backend's prefix cache
+    prompts = [r.body["messages"][-1]["content"] for r in fake.received
+               if r.path.endswith("/chat/completions")]
+    assert len(prompts) >= 2 * 12 and len(set(prompts)) == len(prompts)
 
 
 def _rec(rid, ttft, timings=None):
