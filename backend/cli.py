@@ -9,7 +9,7 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from backend.engine.config import PREFILL_DENSE_MAX_GIB, EngineConfig
+from backend.engine.config import DEFAULT_MAX_PREFILL_TOKENS, PREFILL_DENSE_MAX_GIB, EngineConfig
 from backend.schema import describe
 from backend.server.config import DEFAULT_MODEL, PROFILE_TOKEN_ENV, ServerConfig
 
@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="prepare step N+1 while the GPU runs step N (default: on CUDA only)")
     p.add_argument("--max-prefill-tokens", type=int, default=None,
-                   help="prefill tokens one step may carry (default: --max-num-batched-tokens)")
+                   help=f"prefill tokens one step may carry (default: "
+                        f"{DEFAULT_MAX_PREFILL_TOKENS}, or --max-num-batched-tokens when smaller)")
     p.add_argument("--prefill-priority", action="store_true",
                    help="prefill waiting prompts before the running decodes' next token")
     p.add_argument("--nvtx", action="store_true", help="emit NVTX ranges")

@@ -13,6 +13,11 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4 kernel accepts
 # when all of them together fit this many GiB (SmolLM2-135M's take 0.2 GiB in bf16, a 1 B
 # int4 model's 2 GiB would not: there the copies would outweigh the codes several times)
 PREFILL_DENSE_MAX_GIB = 1.0
+# The default per-step prefill budget (tokens), below the step's whole budget: on the H200
+# sweep (7B, 512-token prompts) it kept TTFT p99 under 200 ms up to 128 streams at the same
+# output rate, where the whole 2,048-token budget missed it from 64 (docs/BENCHMARKS.md). A
+# 1,024-token chunk is already matmul-bound, so long prompts lose nothing to the extra steps.
+DEFAULT_MAX_PREFILL_TOKENS = 1024
 _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "kv_cache_dtype": ("auto", "int8", "fp8_e4m3"),
@@ -59,7 +64,8 @@ class EngineConfig(Schema):
     fused_ops: bool | None = None
     # prepare and launch step N+1 while the GPU runs step N; None = on for CUDA, off on CPU
     async_scheduling: bool | None = None
-    # prefill tokens one step may carry (None = the whole max_num_batched_tokens budget)
+    # prefill tokens one step may carry (None = DEFAULT_MAX_PREFILL_TOKENS, or the whole
+    # max_num_batched_tokens budget when that is smaller)
     max_prefill_tokens: int | None = Field(None, ge=1)
     # waiting prompts are prefilled before the running decodes get their next token
     prefill_priority: bool = False
@@ -94,11 +100,16 @@ class EngineConfig(Schema):
                              "admits prompts only when nothing runs)")
         return value
 
+    def prefill_budget(self) -> int:
+        """Prefill tokens one step may carry, the default resolved."""
+        return self.max_prefill_tokens or min(DEFAULT_MAX_PREFILL_TOKENS,
+                                              self.max_num_batched_tokens)
+
     def scheduling_policy(self) -> dict[str, Any]:
         """The step policy as /health reports it (the prefill budget resolved)."""
         return {"scheduling": self.scheduling, "max_num_seqs": self.max_num_seqs,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
-                "max_prefill_tokens": self.max_prefill_tokens or self.max_num_batched_tokens,
+                "max_prefill_tokens": self.prefill_budget(),
                 "prefill_priority": self.prefill_priority}
 
     @classmethod

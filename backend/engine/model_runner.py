@@ -114,8 +114,7 @@ class ModelRunner:
     def graph_prefill_tokens(self) -> int:
         """The largest prefill token bucket captured in CUDA graphs: the step's prefill
         budget, capped by ``cuda_graph_max_tokens`` (0: decode graphs only)."""
-        c = self.config
-        return min(c.cuda_graph_max_tokens, c.max_prefill_tokens or c.max_num_batched_tokens)
+        return min(self.config.cuda_graph_max_tokens, self.config.prefill_budget())
 
     def graph_prefill_chunks(self) -> int | None:
         """The most prefill chunks a captured step holds (None: no graph holds prefill)."""

@@ -150,7 +150,10 @@ def test_config_validates_the_policy() -> None:
         _scheduler(budget=32, max_prefill_tokens=33)
     assert EngineConfig().scheduling_policy() == {
         "scheduling": "continuous", "max_num_seqs": 64, "max_num_batched_tokens": 2048,
-        "max_prefill_tokens": 2048, "prefill_priority": False}
+        "max_prefill_tokens": 1024, "prefill_priority": False}
+    # the default prefill budget never exceeds a smaller step budget
+    assert EngineConfig(max_num_batched_tokens=512).scheduling_policy()[
+        "max_prefill_tokens"] == 512
     assert EngineConfig(max_prefill_tokens=256, prefill_priority=True).scheduling_policy()[
         "max_prefill_tokens"] == 256
 
@@ -199,6 +202,21 @@ def test_engine_policies_change_steps_not_tokens(smollm2_source) -> None:
     # under priority a chunked prompt's steps alternate: prefill only, then decodes (+ chunk)
     assert any(s.num_prefill_tokens and not s.num_decode_tokens
                for s in steps["priority + budget 8"][1:])
+
+
+def test_the_default_prefill_budget_chunks_a_long_prompt(smollm2_source) -> None:
+    """No knob set: a 1,500-token prompt is prefilled in a 1,024-token chunk and the rest, though
+    the step's whole budget (2,048) would hold it."""
+    engine = LLMEngine(EngineConfig(kv_cache_memory_gib=0.2, max_model_len=1600,
+                                    enable_prefix_caching=False), smollm2_source)
+    seen = []
+    engine.step_observer = seen.append
+    rng = random.Random(1)
+    prompt = [rng.randrange(100, 40000) for _ in range(1500)]
+    engine.add_request("long", prompt, SamplingParams(max_tokens=2, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert [s.num_prefill_tokens for s in seen if s.num_prefill_tokens] == [1024, 476]
 
 
 def test_prefill_chunks_per_step_capped_at_the_graph_slots():
