@@ -265,9 +265,8 @@ def tune(bench: Bench, engine: LLMEngine, a: argparse.Namespace) -> dict:
     points = []
     batches = sorted(int(b) for b in a.batches.split(","))
     for name, knobs in policies(a.policies, a.prompt_tokens).items():
+        engine.scheduler.configure(knobs["max_prefill_tokens"], knobs["prefill_priority"])
         engine.config = engine.config.model_copy(update=knobs)
-        # None: the engine's default budget, as a server started without the flag runs
-        engine.scheduler.configure(engine.config.prefill_budget(), knobs["prefill_priority"])
         for b in batches:
             r = bench.measure(engine, b, max(a.requests, 2 * b))
             r.update(policy=name, knobs=knobs, meets_slo=r["ttft_p99_ms"] <= a.slo_ms)

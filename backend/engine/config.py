@@ -18,6 +18,13 @@ PREFILL_DENSE_MAX_GIB = 1.0
 # output rate, where the whole 2,048-token budget missed it from 64 (docs/BENCHMARKS.md). A
 # 1,024-token chunk is already matmul-bound, so long prompts lose nothing to the extra steps.
 DEFAULT_MAX_PREFILL_TOKENS = 1024
+
+
+def prefill_budget(max_prefill_tokens: int | None, max_num_batched_tokens: int) -> int:
+    """Prefill tokens one step may carry: the setting, else the default capped by the step's
+    whole budget (the scheduler and the config resolve an unset budget here alike)."""
+    return max_prefill_tokens or min(DEFAULT_MAX_PREFILL_TOKENS, max_num_batched_tokens)
+
 _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "kv_cache_dtype": ("auto", "int8", "fp8_e4m3"),
@@ -102,8 +109,7 @@ class EngineConfig(Schema):
 
     def prefill_budget(self) -> int:
         """Prefill tokens one step may carry, the default resolved."""
-        return self.max_prefill_tokens or min(DEFAULT_MAX_PREFILL_TOKENS,
-                                              self.max_num_batched_tokens)
+        return prefill_budget(self.max_prefill_tokens, self.max_num_batched_tokens)
 
     def scheduling_policy(self) -> dict[str, Any]:
         """The step policy as /health reports it (the prefill budget resolved)."""

@@ -48,7 +48,7 @@ class LLMEngine:
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, config.scheduling == "static",
-                                   config.prefill_budget(), config.prefill_priority,
+                                   config.max_prefill_tokens, config.prefill_priority,
                                    self.runner.graph_prefill_chunks())
         self.eos = frozenset(source.tokenizer.eos_token_ids)
         self.step_observer = step_observer

@@ -15,9 +15,9 @@ Static mode admits a batch only when nothing runs and lets it run to completion:
 baseline that continuous batching is measured against.
 
 Two knobs trade TTFT against TPOT (docs/BACKEND-ENGINE.md, "Scheduling for a TTFT SLO"):
-* ``max_prefill_tokens`` caps the prefill tokens (2. and 3. together) of one step, below what
-  the decodes leave of ``max_num_batched_tokens``: a short step keeps the decodes' TPOT
-  steady, long prompts are chunked over more steps.
+* ``max_prefill_tokens`` (unset: ``config.prefill_budget``'s default) caps the prefill tokens
+  (2. and 3. together) of one step, below what the decodes leave of ``max_num_batched_tokens``:
+  a short step keeps the decodes' TPOT steady, long prompts are chunked over more steps.
 * ``prefill_priority``: a step that has prefill work (a waiting prompt or a chunk under way)
   carries only prefill, up to the prefill budget; the running decodes get their next token
   in the step after it, which always schedules every decode first. So a decode is skipped
@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from backend.engine.block_manager import BlockManager
+from backend.engine.config import prefill_budget
 from backend.engine.sequence import Sequence, SeqStatus
 
 
@@ -81,7 +82,7 @@ class Scheduler:
                              f"({self.max_tokens}); got {max_prefill_tokens}")
         if prefill_priority and self.static:
             raise ValueError("prefill_priority needs continuous scheduling")
-        self.max_prefill = max_prefill_tokens or self.max_tokens
+        self.max_prefill = prefill_budget(max_prefill_tokens, self.max_tokens)
         self.prefill_priority = prefill_priority
 
     def add(self, seq: Sequence) -> None:
