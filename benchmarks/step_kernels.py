@@ -78,45 +78,6 @@ def by_kernel(prof: profile, steps: int) -> dict:
             "kernels_per_step": sum(r["count"] for r in rows), "kernels": rows[:25]}
 
 
-def engine_steps() -> dict:
-    engine = LLMEngine(EngineConfig(device="cuda", dtype="bfloat16", attention="triton",
-                                    enable_prefix_caching=False, kv_cache_memory_gib=24,
-                                    max_model_len=1024, max_num_seqs=64),
-                       synthetic_source("llama-2-7b"))
-    gen = torch.Generator().manual_seed(0)
-
-    def prompt(n: int) -> list[int]:
-        return torch.randint(10, 30000, (n,), generator=gen).tolist()
-
-    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    for _ in range(3):
-        engine.generate([prompt(512)], one)
-    torch.cuda.synchronize()
-    res = {}
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        for _ in range(3):
-            engine.generate([prompt(512)], one)
-        torch.cuda.synchronize()
-    res["prefill512"] = by_kernel(prof, 3)
-    for batch in (1, 64):
-        params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
-        for i in range(batch):
-            engine.add_request(f"b{batch}-{i}", prompt(512), params)
-        for _ in range(4 if batch == 1 else 24):  # past the prompts' prefill steps
-            engine.step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-            for _ in range(10):
-                engine.step()
-            torch.cuda.synchronize()
-        res[f"decode_b{batch}"] = by_kernel(prof, 10)
-        while engine.has_unfinished():
-            engine.step()
-    for label, r in res.items():
-        _print_kernels(label, r)
-    return res
-
-
 def _print_kernels(label: str, r: dict) -> None:
     print(f"== {label}: {r['kernel_us_per_step']:.0f} us of kernels per step "
           f"({r['busy_us_per_step']:.0f} us busy), {r['kernels_per_step']:.0f} kernels")
@@ -139,6 +100,36 @@ def _profiled(fn, n: int) -> dict:
             fn()
         torch.cuda.synchronize()
     return by_kernel(prof, n)
+
+
+def engine_steps() -> dict:
+    engine = LLMEngine(EngineConfig(device="cuda", dtype="bfloat16", attention="triton",
+                                    enable_prefix_caching=False, kv_cache_memory_gib=24,
+                                    max_model_len=1024, max_num_seqs=64),
+                       synthetic_source("llama-2-7b"))
+    gen = torch.Generator().manual_seed(0)
+
+    def prompt(n: int) -> list[int]:
+        return torch.randint(10, 30000, (n,), generator=gen).tolist()
+
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    for _ in range(3):
+        engine.generate([prompt(512)], one)
+    torch.cuda.synchronize()
+    res = {"prefill512": _profiled(lambda: engine.generate([prompt(512)], one), 3)}
+    for batch in (1, 64):
+        params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+        for i in range(batch):
+            engine.add_request(f"b{batch}-{i}", prompt(512), params)
+        for _ in range(4 if batch == 1 else 24):  # past the prompts' prefill steps
+            engine.step()
+        torch.cuda.synchronize()
+        res[f"decode_b{batch}"] = _profiled(engine.step, 10)
+        while engine.has_unfinished():
+            engine.step()
+    for label, r in res.items():
+        _print_kernels(label, r)
+    return res
 
 
 def mixed_steps() -> dict:
