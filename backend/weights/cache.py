@@ -3,8 +3,10 @@
 Layout: <cache root>/converted/<stem>-<key>/ with model-NNNNN.safetensors shards (~2 GiB
 each), config.json (ModelConfig),
 tokenizer.json + tokenizer_meta.json (EOS/BOS ids, chat template) and a `complete` marker.
-The key hashes the source's size, mtime and first 4 MiB (its header and metadata) plus the
-converter version, so a changed file or a changed converter never reuses a stale entry.
+The key is the sha256 of the source's bytes plus the converter version, so a changed file or a
+changed converter never reuses a stale entry, and the same file extracted again (a new clone,
+a new mtime, another path) reuses the one entry instead of adding a copy. Hashing a 4 GB file
+takes seconds, so the digest is remembered per (path, inode, size, mtime) under digests/.
 An entry is written to a temporary directory and renamed into place, so concurrent starts
 never see half an entry.
 """
@@ -31,17 +33,34 @@ from backend.weights.paths import cache_root
 log = logging.getLogger(__name__)
 
 CONVERTER_VERSION = 3
-_HEADER_BYTES = 4 << 20
 _MARKER = "complete"
 SHARD_BYTES = 2 << 30
 
 
 def cache_key(source: Path) -> str:
-    st = source.stat()
-    h = hashlib.sha256(f"v{CONVERTER_VERSION}:{st.st_size}:{st.st_mtime_ns}:".encode())
-    with open(source, "rb") as fh:
-        h.update(fh.read(_HEADER_BYTES))
+    h = hashlib.sha256(f"v{CONVERTER_VERSION}:{content_digest(source)}".encode())
     return h.hexdigest()[:20]
+
+
+def content_digest(source: Path) -> str:
+    """sha256 of the file's bytes, read from the memo when the file is unchanged since."""
+    st = source.stat()
+    stamp = f"{source.resolve()}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    memo = cache_root() / "digests" / hashlib.sha256(stamp.encode()).hexdigest()[:32]
+    try:
+        return memo.read_text().strip()
+    except OSError:
+        pass
+    with open(source, "rb") as fh:
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
+        tmp.write_text(digest)
+        os.replace(tmp, memo)  # atomic: a concurrent reader sees no digest or the whole one
+    except OSError:
+        pass  # an unwritable cache only costs hashing again next start
+    return digest
 
 
 def entry_dir(source: Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import numpy as np
@@ -180,12 +181,27 @@ def test_cache_hit_skips_conversion_and_detects_changes(tmp_path, cache_dir, mon
     second = load_gguf(path)
     for name, tensor in second.weights():
         assert torch.equal(tensor, first[name]), name
-    # A changed file (new mtime) must not reuse the old entry.
+    # The same bytes with a new mtime, or copied elsewhere (a fresh clone extracts the model
+    # again): the one entry serves them all, so the cache does not grow by a copy per clone.
     st = os.stat(path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    assert cache.lookup(path) is None
+    copy = tmp_path / "elsewhere" / path.name
+    copy.parent.mkdir()
+    shutil.copyfile(path, copy)
+    assert cache.lookup(path) == cache.lookup(copy) is not None
+    load_gguf(copy)
+    assert len(list((cache_dir / "converted").iterdir())) == 1
+    # Changed bytes past the header (an edit, so a new mtime): never the old entry.
+    with open(copy, "r+b") as fh:
+        fh.seek(-1, os.SEEK_END)
+        last = fh.read(1)
+        fh.seek(-1, os.SEEK_END)
+        fh.write(bytes([last[0] ^ 0xFF]))
+    st = os.stat(copy)
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert cache.lookup(copy) is None
     with pytest.raises(AssertionError, match="converted again"):
-        load_gguf(path)
+        load_gguf(copy)
 
 
 def test_cache_shards_and_unwritable_cache(tmp_path, cache_dir, monkeypatch):
