@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "int4 = group-wise (default: %(default)s)")
     p.add_argument("--int4-group-size", type=int, default=32, choices=(32, 64, 128, 256),
                    help="inputs per int4 scale/min pair (default: %(default)s)")
+    p.add_argument("--weights-scaling", default="activation", choices=("activation", "none"),
+                   help="int8/int4 rounded from float weights: activation = per-input-channel "
+                        "scales chosen on a calibration text at load (activation-aware, as "
+                        "AWQ), folded into the preceding norm and up weights, so nothing "
+                        "changes at run time; none = plain rounding. A GGUF's own int4 codes "
+                        "are kept as they are either way (default: %(default)s)")
     p.add_argument("--lm-head-dtype", default="model", choices=("model", "int8", "int4"),
                    help="the output projection's weights (default: the model dtype)")
     p.add_argument("--prefill-dense-weights", default="auto", choices=("auto", "on", "off"),
@@ -107,7 +113,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_num_batched_tokens=args.max_num_batched_tokens, scheduling=args.scheduling,
         attention=args.attention, kv_cache_dtype=args.kv_cache_dtype,
         weights_dtype=args.weights_dtype, int4_group_size=args.int4_group_size,
-        lm_head_dtype=args.lm_head_dtype, prefill_dense_weights=args.prefill_dense_weights,
+        lm_head_dtype=args.lm_head_dtype, weights_scaling=args.weights_scaling,
+        prefill_dense_weights=args.prefill_dense_weights,
         prefill_dense_max_gib=args.prefill_dense_max_gib,
         kv_cache_memory_gib=args.kv_cache_memory, block_size=args.block_size,
         cuda_graph=args.cuda_graph, cuda_graph_max_tokens=args.cuda_graph_max_tokens,

@@ -31,6 +31,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "weights_dtype": ("auto", "bf16", "fp16", "fp32", "int8", "int4"),
     "lm_head_dtype": ("model", "int8", "int4"),
     "prefill_dense_weights": ("auto", "on", "off"),
+    "weights_scaling": ("activation", "none"),
     "scheduling": ("continuous", "static"),
     "attention": ("auto", "triton", "sdpa", "math"),
 }
@@ -50,6 +51,9 @@ class EngineConfig(Schema):
     weights_dtype: str = "auto"
     int4_group_size: int = 32
     lm_head_dtype: str = "model"  # the output projection: the model dtype, int8 or int4
+    # int8 / int4 rounded from float weights: per-input-channel scales from a calibration
+    # pass, folded into the norms and up rows (backend.weight_scaling); none = plain rounding
+    weights_scaling: str = "activation"
     # CPU only: quantised layers also keep their weight dense in the model dtype, built at
     # load from the codes, for calls of many rows (prefill), which then skip dequantising
     # per call; decode keeps the packed kernels. auto = when the copies fit the budget below

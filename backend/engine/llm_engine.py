@@ -293,6 +293,7 @@ class LLMEngine:
                            str(self.runner.dtype).removeprefix("torch."),
                            *self.runner.weights_info(),
                            prefill_dense_weights=self.runner.prefill_dense.as_dict(),
+                           weights_scaling=self.runner.weights_scaling.as_dict(),
                            compile=self.runner.compile_info.as_dict(),
                            async_scheduling=self.async_scheduling,
                            decode_kernels_per_step=dict(graphs.kernels_per_step)

@@ -20,8 +20,10 @@ from backend.engine.step_inputs import HostStep, build_step, split_on_device
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache, bytes_per_block
 from backend.layers.linear import (PrefillDense, WeightFormat, keep_prefill_dense,
-                                   resolve_weight_format)
+                                   keeps_file_codes, resolve_weight_format)
 from backend.model import LlamaModel
+from backend.weight_scaling import (CALIBRATION_TEXT, ScalingReport, not_applied,
+                                    scale_and_quantize)
 
 log = logging.getLogger(__name__)
 
@@ -65,19 +67,10 @@ class ModelRunner:
             if model.cos_table.shape[0] < max_model_len or model.dtype != self.dtype:
                 raise ValueError("a shared model must cover max_model_len in the same dtype")
             self.model = model
+            self.weights_scaling = not_applied(config.weights_scaling,
+                                               "a shared model: as the engine that built it")
         else:
-            fmt = resolve_weight_format(config.weights_dtype, config.int4_group_size,
-                                        source.weight_quantization)
-            head = WeightFormat.parse(config.lm_head_dtype, config.int4_group_size) \
-                if config.lm_head_dtype != "model" else WeightFormat()
-            self.model = LlamaModel(cfg, self.device, self.dtype, max_len=max_model_len,
-                                    random_init=source.weights is None, weight_format=fmt,
-                                    lm_head_format=head)
-            # A quantised format reads a quantised file's own codes (no float copy of it).
-            weights = source.packed_weights if fmt.kind != "dense" and \
-                source.packed_weights is not None else source.weights
-            if weights is not None:
-                self.model.load_weights(weights())
+            self.model, self.weights_scaling = self._build_model(config, source, max_model_len)
         # After loading: the copies are built from the packed codes, never from a float file.
         self.prefill_dense: PrefillDense = keep_prefill_dense(
             self.model.modules(), config.prefill_dense_weights,
@@ -110,6 +103,40 @@ class ModelRunner:
         if config.cuda_graph and self.device.type == "cuda":
             self.graphs = StepGraphs(self, config.max_num_seqs, self.graph_prefill_tokens(),
                                      mixed=self.attention == "triton")
+
+    def _build_model(self, config: EngineConfig, source, max_model_len: int
+                     ) -> tuple[LlamaModel, ScalingReport]:
+        fmt = resolve_weight_format(config.weights_dtype, config.int4_group_size,
+                                    source.weight_quantization)
+        head = WeightFormat.parse(config.lm_head_dtype, config.int4_group_size) \
+            if config.lm_head_dtype != "model" else WeightFormat()
+        mode = config.weights_scaling
+        if fmt.kind == "dense":
+            report = not_applied(mode, "dense weights")
+        elif source.weights is None:
+            report = not_applied(mode, "synthetic weights: nothing to calibrate on")
+        elif keeps_file_codes(fmt, source.weight_quantization):
+            report = not_applied(mode, "the file's own int4 codes are kept as they are")
+        elif mode == "none":
+            report = not_applied(mode, "none: plain rounding")
+        else:
+            report = None  # scaled below, on the dense model
+        model = LlamaModel(source.config, self.device, self.dtype, max_len=max_model_len,
+                           random_init=source.weights is None,
+                           weight_format=WeightFormat() if report is None else fmt,
+                           lm_head_format=head)
+        # A quantised format reads a quantised file's own codes (no float copy of it); the
+        # dense layers that calibration needs dequantise them as they load.
+        weights = source.packed_weights if fmt.kind != "dense" and \
+            source.packed_weights is not None else source.weights
+        if weights is not None:
+            model.load_weights(weights())
+        if report is None:
+            tokens = source.tokenizer.encode(CALIBRATION_TEXT.read_text())
+            report = scale_and_quantize(model, fmt, tokens, mode)
+            log.info("weights: %s scaled in %.1f s (%s)", fmt.describe(self.dtype),
+                     report.seconds, report.reason)
+        return model, report
 
     def graph_prefill_tokens(self) -> int:
         """The largest prefill token bucket captured in CUDA graphs: the step's prefill

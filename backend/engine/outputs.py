@@ -47,6 +47,7 @@ class EngineStats:
     prefill_kernel: str = ""
     # the CPU's dense prefill copies of quantised layers (PrefillDense.as_dict())
     prefill_dense_weights: dict = field(default_factory=dict)
+    weights_scaling: dict = field(default_factory=dict)
     # how the work between attention calls ran: {"enabled", "step_ops", "pieces", "seconds"}
     compile: dict = field(default_factory=dict)
     async_scheduling: bool = False  # step N+1 launched while the device runs step N

@@ -1,13 +1,17 @@
 """Weight quantisation quality: perplexity and top-1 / greedy agreement of int8 and int4
 (per group size) linear weights against dense weights, on the text the repo ships
-(backend/data/kv_eval.txt), with the figures of ``kv_quality``.
+(backend/data/kv_eval.txt, and any ``--text`` files), with the figures of ``kv_quality``.
 
     python -m backend.engine.weights_quality [--model smollm2-135m-instruct] \\
-        [--variants bf16,int8,int4:32,int4:64,auto] [--dtype bfloat16] [--json PATH]
+        [--variants bf16,int8,int8/none,int4:32,int4:64,auto] [--dtype bfloat16] \\
+        [--text README.md --text docs/ARCHITECTURE.md] [--json PATH]
 
 A variant is a ``--weights-dtype`` value, ``int4:G`` for a group size, optionally
-``+head`` (the LM head quantised the same way); the first one is the reference. Group sizes
-that do not divide a layer's input width are reported as skipped.
+``+head`` (the LM head quantised the same way) and ``/none`` (``--weights-scaling none``:
+plain rounding instead of activation-aware scales); the first one is the reference. Group
+sizes that do not divide a layer's input width are reported as skipped. With ``--text``,
+each file is scored too (at most ``--max-tokens`` tokens each) and ``pooled`` gives the
+top-1 agreement and mean KL over every scored position of every text.
 """
 from __future__ import annotations
 
@@ -19,17 +23,19 @@ from backend.engine.config import EngineConfig
 from backend.engine.kv_quality import EVAL_TEXT, compare_greedy, compare_perplexity
 from backend.engine.llm_engine import LLMEngine
 
-DEFAULT_VARIANTS = "bf16,int8,int4:32,int4:64,int4:128,auto,int8+head"
+DEFAULT_VARIANTS = "bf16,int8,int8/none,int4:32,int4:64,int4:64/none,int4:128,auto,int8+head"
 
 
 def variant_config(variant: str, dtype: str, device: str = "cpu") -> EngineConfig:
-    """'int4:64+head' -> EngineConfig(weights_dtype='int4', int4_group_size=64,
-    lm_head_dtype='int4')."""
+    """'int4:64+head/none' -> EngineConfig(weights_dtype='int4', int4_group_size=64,
+    lm_head_dtype='int4', weights_scaling='none')."""
+    variant, _, scaling = variant.partition("/")
     name, _, head = variant.partition("+")
     weights, _, group = name.partition(":")
     lm_head = weights if head == "head" else "model"
     return EngineConfig(device=device, dtype=dtype, weights_dtype=weights,
                         int4_group_size=int(group or 32), lm_head_dtype=lm_head,
+                        weights_scaling=scaling or "activation",
                         kv_cache_memory_gib=0.25, max_model_len=2048)
 
 
@@ -51,7 +57,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--dtype", default="bfloat16", help="model (activation) dtype")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--max-tokens", type=int, default=None, help="score at most this many")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="score at most this many tokens of each text")
+    ap.add_argument("--text", type=Path, action="append", default=[],
+                    help="another text to score (repeatable); pooled figures cover all")
     ap.add_argument("--greedy-tokens", type=int, default=64)
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args(argv)
@@ -62,13 +71,34 @@ def main(argv: list[str] | None = None) -> None:
                                      args.device)
     formats = {v: e.stats().weights_format + " / head " + e.stats().lm_head_format
                for v, e in engines.items()}
+    scaling = {v: e.stats().weights_scaling for v, e in engines.items()}
+    per_text = {str(t): compare_perplexity(engines, source.tokenizer, t.read_text(),
+                                           args.max_tokens)
+                for t in [EVAL_TEXT, *args.text]}
     result = {"model": source.name, "text": EVAL_TEXT.name, "dtype": args.dtype,
-              "reference": next(iter(engines)), "formats": formats, "skipped": skipped,
-              "perplexity": compare_perplexity(engines, source.tokenizer,
-                                               EVAL_TEXT.read_text(), args.max_tokens),
+              "reference": next(iter(engines)), "formats": formats, "scaling": scaling,
+              "skipped": skipped, "perplexity": per_text.pop(str(EVAL_TEXT)),
               "greedy": compare_greedy(engines, source.tokenizer,
                                        max_tokens=args.greedy_tokens)}
+    if args.text:
+        result["more_text"] = per_text
+        result["pooled"] = pooled([result["perplexity"], *per_text.values()])
     emit_json(result, args.json)
+
+
+def pooled(figures: list[dict[str, dict]]) -> dict[str, dict]:
+    """Per variant: top-1 agreement and mean KL over every scored position of the texts
+    (each text's figures weighted by its positions)."""
+    out = {}
+    for variant in figures[0]:
+        n = [f[variant]["tokens"] - 1 for f in figures]
+        out[variant] = {
+            "positions": sum(n),
+            "top1_agreement": sum(k * f[variant]["top1_agreement"]
+                                  for k, f in zip(n, figures)) / sum(n),
+            "mean_kl_vs_full": sum(k * f[variant]["mean_kl_vs_full"]
+                                   for k, f in zip(n, figures)) / sum(n)}
+    return out
 
 
 if __name__ == "__main__":

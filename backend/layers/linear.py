@@ -82,6 +82,12 @@ def resolve_weight_format(name: str, group_size: int, native: str | None) -> Wei
     return WeightFormat.parse(name, group_size)
 
 
+def keeps_file_codes(fmt: WeightFormat, native: str | None) -> bool:
+    """Whether layers of ``fmt`` keep a file's codes as they are (GGUF Q4_0/Q4_1 blocks are
+    int4 groups of 32) instead of rounding its values again."""
+    return fmt.kind == "int4" and native == "int4" and fmt.group_size == 32
+
+
 def make_linear(fmt: WeightFormat, out_features: int, in_features: int, bias: bool,
                 device: torch.device, dtype: torch.dtype) -> "Linear":
     """An empty layer in ``fmt``; ``dtype`` is the model (activation) dtype."""
@@ -363,7 +369,7 @@ class Int8Linear(_QuantizedLinear):
     def _codes(self, value: torch.Tensor | GroupQuantized) -> dict[str, torch.Tensor]:
         if isinstance(value, GroupQuantized):
             value = value.dequantize()  # GGUF Q8_0 has a scale per 32 inputs: re-quantise
-        q, scale = quantize_int8(value.to(self.device))
+        q, scale = quantize_int8(value.to(self.device), self.dtype)
         return {"q": q, "scale": scale}
 
     def _pack(self, stage: dict[str, torch.Tensor]) -> None:

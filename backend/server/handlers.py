@@ -117,6 +117,7 @@ async def health(request: web.Request) -> web.Response:
         "weights_dtype": s.weights_format, "linear_kernel": s.linear_kernel,
         "lm_head_dtype": s.lm_head_format, "one_token_kernel": s.one_token_kernel,
         "prefill_kernel": s.prefill_kernel, "prefill_dense_weights": s.prefill_dense_weights,
+        "weights_scaling": s.weights_scaling,
         "compile": s.compile,
         "kv_blocks_used": s.kv_blocks_used, "kv_blocks_total": s.kv_blocks_total,
         "kv_cache_usage": round(s.kv_blocks_used / s.kv_blocks_total, 4)

@@ -44,6 +44,9 @@ def test_flags_map_onto_engine_and_server_config():
     p = config_from_args(build_parser().parse_args([
         "--prefill-dense-weights", "off", "--prefill-dense-max-gib", "0.25"]))
     assert (p.engine.prefill_dense_weights, p.engine.prefill_dense_max_gib) == ("off", 0.25)
+    assert d.engine.weights_scaling == "activation"
+    assert config_from_args(build_parser().parse_args(
+        ["--weights-scaling", "none"])).engine.weights_scaling == "none"
 
 
 def test_bad_flags_are_usage_errors():
@@ -51,7 +54,8 @@ def test_bad_flags_are_usage_errors():
                  ["--weights-dtype", "int3"], ["--int4-group-size", "48"],
                  ["--max-prefill-tokens", "4096"], ["--cuda-graph-max-tokens", "-1"],
                  ["--scheduling", "static", "--prefill-priority"],
-                 ["--prefill-dense-weights", "always"], ["--prefill-dense-max-gib", "-1"]):
+                 ["--prefill-dense-weights", "always"], ["--prefill-dense-max-gib", "-1"],
+                 ["--weights-scaling", "awq"]):
         r = subprocess.run([sys.executable, "-m", "backend", *argv], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and "error" in r.stderr, argv
@@ -92,6 +96,10 @@ def test_cli_serves_and_stops_on_sigterm():
         dense = health["prefill_dense_weights"]
         assert (dense["mode"], dense["enabled"], dense["layers"]) == ("auto", True, 9)
         assert dense["bytes"] == dense["needed_bytes"] > 0
+        # synthetic weights: no text to calibrate on, so plain rounding, said as such
+        scaling = health["weights_scaling"]
+        assert (scaling["mode"], scaling["applied"]) == ("activation", False)
+        assert "synthetic" in scaling["reason"]
         # overlap scheduling asked for on the CPU (its default there is off); no graphs
         assert (health["engine"]["async_scheduling"], health["engine"]["cuda_graphs"],
                 health["engine"]["decode_kernels_per_step"]) == (True, None, {})
