@@ -21,8 +21,8 @@ from tests.backend.tiny_models import source_from_hf, tiny_hf_model
 INT8 = WeightFormat("int8")
 
 
-def _tiny_model(outliers: bool) -> LlamaModel:
-    source = source_from_hf(tiny_hf_model("llama", seed=3))
+def _tiny_model(outliers: bool, kind: str = "llama") -> LlamaModel:
+    source = source_from_hf(tiny_hf_model(kind, seed=3))
     model = LlamaModel(source.config, torch.device("cpu"), torch.float32, max_len=512)
     model.load_weights(source.weights())
     if outliers:  # a few input channels 30x the rest, as real models have
@@ -54,11 +54,12 @@ def _logits(model: LlamaModel, tokens: list[int]) -> torch.Tensor:
         return model.head(x, residual, pos)
 
 
-def test_folding_the_scales_leaves_a_dense_model_unchanged():
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: q|k|v bias, tied head
+def test_folding_the_scales_leaves_a_dense_model_unchanged(kind):
     """With dense layers as the target only the fold happens: q|k|v and gate|up divided
     through the norms, down through the up rows. Any slip shows as a different output."""
     tokens = list(range(3, 120))
-    model = _tiny_model(outliers=True)
+    model = _tiny_model(outliers=True, kind=kind)
     before = _logits(model, tokens)
     gen = torch.Generator().manual_seed(1)
     for layer in model.layers:
@@ -67,7 +68,8 @@ def test_folding_the_scales_leaves_a_dense_model_unchanged():
         scales = {k: torch.empty(n).uniform_(0.2, 5.0, generator=gen)
                   for k, n in widths.items()}
         fold_and_replace(layer, scales, WeightFormat("dense"))
-    assert not torch.equal(model.layers[0].input_norm, _tiny_model(True).layers[0].input_norm)
+    assert not torch.equal(model.layers[0].input_norm,
+                           _tiny_model(True, kind).layers[0].input_norm)
     torch.testing.assert_close(_logits(model, tokens), before, atol=2e-4, rtol=2e-4)
 
 
