@@ -134,6 +134,10 @@ class ModelRunner:
         if report is None:
             tokens = source.tokenizer.encode(CALIBRATION_TEXT.read_text())
             report = scale_and_quantize(model, fmt, tokens, mode)
+            if self.device.type == "cuda":
+                # The dense layers' memory went back to torch's cache, not the device; the
+                # KV cache is sized from what the device reports free next.
+                torch.cuda.empty_cache()
             log.info("weights: %s scaled in %.1f s (%s)", fmt.describe(self.dtype),
                      report.seconds, report.reason)
         return model, report
