@@ -7,7 +7,7 @@
         [--text README.md --text docs/ARCHITECTURE.md] [--json PATH]
 
 A variant is a ``--weights-dtype`` value, ``int4:G`` for a group size, optionally
-``+head`` (the LM head quantised the same way) and ``/none`` (``--weights-scaling none``:
+``+head`` (the LM head quantised the same way; ``+head=int8``: as int8) and ``/none`` (``--weights-scaling none``:
 plain rounding instead of activation-aware scales); the first one is the reference. Group
 sizes that do not divide a layer's input width are reported as skipped. With ``--text``,
 each file is scored too (at most ``--max-tokens`` tokens each) and ``pooled`` gives the
@@ -28,11 +28,11 @@ DEFAULT_VARIANTS = "bf16,int8,int8/none,int4:32,int4:64,int4:64/none,int4:128,au
 
 def variant_config(variant: str, dtype: str, device: str = "cpu") -> EngineConfig:
     """'int4:64+head/none' -> EngineConfig(weights_dtype='int4', int4_group_size=64,
-    lm_head_dtype='int4', weights_scaling='none')."""
+    lm_head_dtype='int4', weights_scaling='none'); 'auto+head=int8': an int8 head."""
     variant, _, scaling = variant.partition("/")
     name, _, head = variant.partition("+")
     weights, _, group = name.partition(":")
-    lm_head = weights if head == "head" else "model"
+    lm_head = head.partition("=")[2] or weights if head.startswith("head") else "model"
     return EngineConfig(device=device, dtype=dtype, weights_dtype=weights,
                         int4_group_size=int(group or 32), lm_head_dtype=lm_head,
                         weights_scaling=scaling or "activation",
