@@ -91,8 +91,8 @@ def search_scale(w: torch.Tensor, x: torch.Tensor, amean: torch.Tensor, fmt: Wei
     return best[1], best[2]
 
 
-def scale_and_quantize(model: LlamaModel, fmt: WeightFormat, tokens: list[int],
-                       mode: str = "activation") -> ScalingReport:
+def scale_and_quantize(model: LlamaModel, fmt: WeightFormat, tokens: list[int]
+                       ) -> ScalingReport:
     """``model``: its block linears dense and loaded. Scales them as above and replaces each
     with a layer of ``fmt`` (loaded from the scaled float weights); ``model.weight_format``
     becomes ``fmt``."""
@@ -120,14 +120,14 @@ def scale_and_quantize(model: LlamaModel, fmt: WeightFormat, tokens: list[int],
     model.weight_format = fmt
     alphas = {k: round(sum(v) / len(v), 3) for k, v in chosen.items()}
     seconds = time.perf_counter() - started
-    return ScalingReport(mode, True, len(tokens), round(seconds, 2),
+    return ScalingReport("activation", True, len(tokens), round(seconds, 2),
                          f"activation: {len(tokens)} calibration tokens, "
                          f"{len(model.layers) * len(SCALED_KINDS)} layers", alphas)
 
 
 def run_block(layer: DecoderLayer, x: torch.Tensor, residual: torch.Tensor | None,
-                   cos: torch.Tensor, sin: torch.Tensor
-                   ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+              cos: torch.Tensor, sin: torch.Tensor
+              ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """One block over the whole text with causal attention, dense and cache-free; returns
     the inputs (model dtype, [T, K]) its scaled linears saw, and the block's (output,
     residual)."""

@@ -133,7 +133,7 @@ class ModelRunner:
             model.load_weights(weights())
         if report is None:
             tokens = source.tokenizer.encode(CALIBRATION_TEXT.read_text())
-            report = scale_and_quantize(model, fmt, tokens, mode)
+            report = scale_and_quantize(model, fmt, tokens)
             if self.device.type == "cuda":
                 # The dense layers' memory went back to torch's cache, not the device; the
                 # KV cache is sized from what the device reports free next.

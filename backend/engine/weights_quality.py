@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     source = load_model_source(args.model)
     engines, skipped = build_engines(source, args.variants.split(","), args.dtype,
                                      args.device)
-    formats = {v: e.stats().weights_format + " / head " + e.stats().lm_head_format
-               for v, e in engines.items()}
-    scaling = {v: e.stats().weights_scaling for v, e in engines.items()}
+    stats = {v: e.stats() for v, e in engines.items()}
+    formats = {v: s.weights_format + " / head " + s.lm_head_format for v, s in stats.items()}
+    scaling = {v: s.weights_scaling for v, s in stats.items()}
     per_text = {str(t): compare_perplexity(engines, source.tokenizer, t.read_text(),
                                            args.max_tokens)
                 for t in [EVAL_TEXT, *args.text]}
