@@ -99,7 +99,7 @@ def _decode_configs(batch: int, ctx: int, splits: int, sweep: bool, kind: str) -
     configs = [dict(num_splits=splits)]
     if not (sweep and (batch, ctx) in _SWEEP_SHAPES):
         return configs
-    stages = triton_attention.DECODE_STAGES[kind]
+    stages = triton_attention.decode_tile(kind, splits)[2]
     configs += [dict(num_splits=splits, block_n=bn, num_warps=w) for bn, w in
                 (((64, 8), (128, 4)) if kind == "auto" else ((64, 4), (256, 4)))]
     configs += [dict(num_splits=splits, num_stages=st) for st in (2, 3, 4)

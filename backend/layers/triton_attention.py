@@ -15,7 +15,7 @@ no dequantised copy anywhere. int8 V is stored transposed within each block
 16-byte copies.
 
 - ``store_kv``: one program per token, all KV heads; optionally RoPE on q and k first.
-- ``paged_decode``: flash-decoding. Grid (sequence, KV head, split): each program walks its
+- ``paged_decode``: flash-decoding. Grid (KV head, sequence, split): each program walks its
   share of the context in tiles of ``block_n`` tokens with an online softmax; the query
   heads of one GQA group form the rows of one ``tl.dot``. With more than one split the
   partial results are merged by log-sum-exp in a second, tiny kernel.
@@ -50,13 +50,29 @@ QUANT_CODES = {"auto": 0, "int8": 1, "fp8_e4m3": 2}
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0
 _LOG2E = 1.4426950408889634
-# Decode tiles (tokens per loop iteration) and software-pipeline depths by cache dtype:
-# the fastest measured on an H200 (docs/BENCHMARKS.md).
-# bf16: 2 warps and 3 stages were 2-7 % faster than 4 warps and 2 stages at every batch and
-# context timed (8-64 x 544 and 4k); int8 keeps 4 warps (2 warps lost 3-10 % at 4k).
-DECODE_BLOCK_N = {"auto": 64, "int8": 128, "fp8_e4m3": 128}
-DECODE_STAGES = {"auto": 3, "int8": 3, "fp8_e4m3": 2}
-DECODE_WARPS = {"auto": 2, "int8": 4, "fp8_e4m3": 4}
+# Decode tiles (tokens per loop iteration), warps and software-pipeline depths by cache
+# dtype, for split grids (several programs per context) and unsplit ones (batch x KV heads
+# fill the GPU): the fastest measured on an H200 (docs/BENCHMARKS.md). CUDA graphs fix the
+# split count per batch size, so the choice cannot follow the context length.
+# bf16, split: 64 tokens, 2 warps, 3 stages (2-7 % faster than 4 warps and 2 stages; 32
+# tokens lost 4-10 % at batch 1-8). bf16, unsplit: 32 tokens and 2 stages, with KV heads
+# first 3-6 % faster than 64 / 3 at batch 32-128 x context 544, within 1 % at 4k. int8
+# keeps 4 warps (2 lost 3-10 % at 4k).
+DECODE_TILES = {  # kind: (split, unsplit) as (block_n, num_warps, num_stages)
+    "auto": ((64, 2, 3), (32, 2, 2)),
+    "int8": ((128, 4, 3), (128, 4, 3)),
+    "fp8_e4m3": ((128, 4, 2), (128, 4, 2)),
+}
+# KV heads vary fastest in the decode grid: the programs that run together read the heads
+# of the same few sequences, whose K/V rows of a token sit side by side in one slot (0.5-2 %
+# faster than sequences first at batch 32-128 with split-free grids).
+DECODE_HEADS_FIRST = True
+
+
+def decode_tile(kv_cache_dtype: str, num_splits: int) -> tuple[int, int, int]:
+    """(block_n, num_warps, num_stages) of the decode kernel for a cache dtype and grid."""
+    split, unsplit = DECODE_TILES[kv_cache_dtype]
+    return unsplit if num_splits == 1 else split
 
 
 @triton.jit
@@ -234,10 +250,14 @@ def _decode_kernel(
         GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
         QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, V_T: tl.constexpr,
-        PDL: tl.constexpr):
+        HEADS_FIRST: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
-    b = tl.program_id(0)
-    h = tl.program_id(1)
+    if HEADS_FIRST:  # grid (KV head, sequence, split)
+        h = tl.program_id(0)
+        b = tl.program_id(1)
+    else:  # grid (sequence, KV head, split)
+        b = tl.program_id(0)
+        h = tl.program_id(1)
     s = tl.program_id(2)
     ctx = tl.load(ctx_ptr + b)
     per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -275,7 +295,8 @@ def _decode_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
     else:
         # partials [B, H, NUM_SPLITS, HD_PAD] and log2-sum-exp [B, H, NUM_SPLITS]
-        row = (b * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + s  # [G_PAD]
+        kvh = tl.num_programs(0) if HEADS_FIRST else tl.num_programs(1)
+        row = (b * kvh * GROUP + heads) * NUM_SPLITS + s  # [G_PAD]
         tl.store(part_o_ptr + row[:, None] * HD_PAD + d[None, :], o, mask=gmask[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=gmask)
@@ -444,21 +465,21 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
                  block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor,
                  scale: float, block_size: int, kv_cache_dtype: str, num_splits: int,
                  block_n: int | None = None, num_warps: int | None = None,
-                 num_stages: int | None = None, dependent_launch: bool = False
-                 ) -> torch.Tensor:
+                 num_stages: int | None = None, dependent_launch: bool = False,
+                 heads_first: bool | None = None) -> torch.Tensor:
     """q: [B, H, hd]; block_tables: [B, W] int32; context_lens: [B] int32 (>= 1);
     out: [B, H, hd] (written). One KV head's query group per program (padded to the 16 rows
     tl.dot needs: decode is bound by the K/V reads, not by the products); num_splits a
-    power of two."""
+    power of two. The tile defaults to ``decode_tile`` (its size sets the summation order),
+    the grid order (``heads_first``: KV heads fastest) to ``DECODE_HEADS_FIRST`` (the same
+    bits either way)."""
     B, H, hd = q.shape
     kvh = cache.shape[2]
     group = H // kvh
-    if block_n is None:
-        block_n = DECODE_BLOCK_N[kv_cache_dtype]
-    if num_stages is None:
-        num_stages = DECODE_STAGES[kv_cache_dtype]
-    if num_warps is None:
-        num_warps = DECODE_WARPS[kv_cache_dtype]
+    tile_n, tile_warps, tile_stages = decode_tile(kv_cache_dtype, num_splits)
+    block_n = block_n or tile_n
+    num_warps = num_warps or tile_warps
+    num_stages = num_stages or tile_stages
     hd_pad = _pad(hd)
     sc, ssc, ssh = _scales(scales, cache)
     if num_splits > 1:
@@ -466,15 +487,18 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
         part_lse = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out  # unused
-    _decode_kernel[(B, kvh, num_splits)](
+    if heads_first is None:
+        heads_first = DECODE_HEADS_FIRST
+    grid = (kvh, B, num_splits) if heads_first else (B, kvh, num_splits)
+    _decode_kernel[grid](
         q, cache, sc, block_tables, context_lens, out, part_o, part_lse, scale * _LOG2E,
         q.stride(0), q.stride(1), block_tables.stride(0), cache.stride(0), cache.stride(1),
         cache.stride(2), ssc, ssh, out.stride(0), out.stride(1),
         GROUP=group, G_PAD=_pad(group), HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=QUANT_CODES[kv_cache_dtype],
         DOT_PREC=_dot_precision(q.dtype), UPCAST=interpreting(),
-        V_T=kv_cache_dtype in TRANSPOSED_V, num_warps=num_warps, num_stages=num_stages,
-        **pdl.launch(q.device, dependent_launch))
+        V_T=kv_cache_dtype in TRANSPOSED_V, HEADS_FIRST=heads_first, num_warps=num_warps,
+        num_stages=num_stages, **pdl.launch(q.device, dependent_launch))
     if num_splits > 1:
         _merge_kernel[(B, H)](part_o, part_lse, out, out.stride(0), out.stride(1), HD=hd,
                               HD_PAD=hd_pad, NUM_SPLITS=num_splits, num_warps=1,

@@ -123,11 +123,13 @@ def test_rope_in_the_store_equals_rope_then_store(kind: str, dtype: torch.dtype,
     assert not torch.equal(fused[:, :heads * hd], qkv[:, :heads * hd])  # RoPE did something
 
 
-@pytest.mark.parametrize("dtype,group,hd,splits", [
-    (torch.float32, 1, 64, 1), (torch.float32, 4, 128, 4), (torch.bfloat16, 8, 64, 2),
-    (torch.bfloat16, 1, 128, 8)])
+@pytest.mark.parametrize("dtype,group,hd,splits,heads_first", [
+    (torch.float32, 1, 64, 1, False), (torch.float32, 4, 128, 4, True),
+    (torch.bfloat16, 8, 64, 2, False), (torch.bfloat16, 1, 128, 8, True),
+    (torch.bfloat16, 1, 128, 1, True)])
 def test_paged_decode_matches_reference(dtype: torch.dtype, group: int, hd: int,
-                                        splits: int) -> None:
+                                        splits: int, heads_first: bool) -> None:
+    """Both grid orders (sequence or KV head fastest), with and without split merges."""
     gen = torch.Generator().manual_seed(1)
     kvh, lens = 2, [1, BS, BS + 1, 40]
     cache = _cache(kvh, hd, dtype, "auto")
@@ -136,12 +138,34 @@ def test_paged_decode_matches_reference(dtype: torch.dtype, group: int, hd: int,
     q = torch.randn(len(lens), kvh * group, hd, generator=gen).to(dtype)
     out = torch.empty_like(q)
     triton_attention.paged_decode(q, cache.data[0], None, tables, torch.tensor(
-        lens, dtype=torch.int32), out, hd ** -0.5, BS, "auto", splits, block_n=16)
+        lens, dtype=torch.int32), out, hd ** -0.5, BS, "auto", splits, block_n=16,
+        heads_first=heads_first)
     for i, n in enumerate(lens):
         k, v = _context(cache, tables[i], n)
         ref = _reference(q[i:i + 1], k, v, n - 1)[0]
         torch.testing.assert_close(out[i].float(), ref.float(), atol=TOL[dtype],
                                    rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_paged_decode_default_tiles(splits: int) -> None:
+    """With no tile given, an unsplit grid takes the unsplit tile and a split one the
+    other (``decode_tile``), and both give the reference result."""
+    assert triton_attention.decode_tile("auto", 1) != triton_attention.decode_tile("auto", 4)
+    gen = torch.Generator().manual_seed(3)
+    kvh, lens = 2, [BS - 3, 2 * BS + 5, 70]
+    cache = _cache(kvh, 64, torch.bfloat16, "auto")
+    tables = _tables(lens, cache.num_blocks, gen)
+    _fill(cache, tables, lens, gen)
+    q = torch.randn(len(lens), kvh, 64, generator=gen).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    triton_attention.paged_decode(q, cache.data[0], None, tables, torch.tensor(
+        lens, dtype=torch.int32), out, 64 ** -0.5, BS, "auto", splits)
+    for i, n in enumerate(lens):
+        k, v = _context(cache, tables[i], n)
+        ref = _reference(q[i:i + 1], k, v, n - 1)[0]
+        torch.testing.assert_close(out[i].float(), ref.float(), atol=TOL[torch.bfloat16],
+                                   rtol=TOL[torch.bfloat16])
 
 
 @pytest.mark.parametrize("kind,hd,block_n", [("int8", 64, 16), ("int8", 72, 64),
