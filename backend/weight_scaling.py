@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.layers.linear import DenseLinear, WeightFormat, make_linear
-from backend.layers.quantize import quantize_int4, quantize_int8
+from backend.layers.quantize import dequantize_int8, quantize_int4, quantize_int8
 from backend.model import DecoderLayer, LlamaModel
 
 # Our own mixed text (chat turns, prose, code, numbers, lists): no overlap with the
@@ -68,8 +68,7 @@ def rounding_error(fmt: WeightFormat, w: torch.Tensor, dtype: torch.dtype) -> to
     """w [N, K] float32 -> what a layer of ``fmt`` in model dtype ``dtype`` multiplies by,
     minus w."""
     if fmt.kind == "int8":
-        q, scale = quantize_int8(w, dtype)
-        return q.float().mul_(scale.unsqueeze(1)).sub_(w)
+        return dequantize_int8(*quantize_int8(w, dtype)).sub_(w)
     if fmt.kind == "int4":
         return quantize_int4(w, fmt.group_size).dequantize().sub_(w)
     raise ValueError(f"no rounding for weight format {fmt.kind!r}")

@@ -26,7 +26,7 @@ from backend.engine._tools import emit_json
 from backend.engine.config import EngineConfig
 from backend.engine.kv_quality import EVAL_TEXT
 from backend.engine.llm_engine import LLMEngine
-from backend.layers.quantize import INT8_MAX, quantize_int8
+from backend.layers.quantize import INT8_MAX, dequantize_int8, quantize_int8
 from backend.weights.loader import load_model_source
 
 LAYER_KINDS = ("qkv", "o", "gate_up", "down")
@@ -35,8 +35,7 @@ CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5)
 
 def int8_row(w: torch.Tensor) -> torch.Tensor:
     """w [N, K] -> the values ``--weights-dtype int8`` multiplies by (float32)."""
-    q, scale = quantize_int8(w)
-    return q.float() * scale.unsqueeze(1)
+    return dequantize_int8(*quantize_int8(w))
 
 
 def int8_row_mse(w: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,11 @@ def _scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
         n *= s
     buf = bufs.get((name, dtype))
     if buf is None or buf.numel() < n:
-        buf = bufs[(name, dtype)] = torch.empty(n, dtype=dtype)
+        # a normal tensor even when first asked for under torch.inference_mode (the engine):
+        # an inference tensor could not be written by a later caller outside it (tools,
+        # tests in the same process)
+        with torch.inference_mode(False):
+            buf = bufs[(name, dtype)] = torch.empty(n, dtype=dtype)
     return buf[:n].view(shape)
 
 

@@ -32,7 +32,8 @@ from torch import nn
 from backend.layers import cpu_dequant, gemv, quant_kernels, skinny_gemm
 from backend.layers.fused_ops import StepOps
 from backend.layers.gemv import SILU_MUL, Prologue
-from backend.layers.quantize import GroupQuantized, check_group, quantize_int4, quantize_int8
+from backend.layers.quantize import (GroupQuantized, check_group, dequantize_int8, quantize_int4,
+                                     quantize_int8)
 
 WEIGHT_DTYPES = ("auto", "bf16", "fp16", "fp32", "int8", "int4")
 LM_HEAD_DTYPES = ("model", "int8", "int4")
@@ -383,7 +384,7 @@ class Int8Linear(_QuantizedLinear):
             self.kernel = "dequant+F.linear"
 
     def dequantized(self) -> torch.Tensor:
-        return self.q.float() * self.scale.float().unsqueeze(1)
+        return dequantize_int8(self.q, self.scale)
 
     def _dense_for_prefill(self) -> torch.Tensor:
         return cpu_dequant.int8_dense(self.q, self.dtype)  # [N, K]; the scale stays apart

@@ -58,6 +58,11 @@ def quantize_int8(w: torch.Tensor, scale_dtype: torch.dtype = torch.float32
     return codes, scale
 
 
+def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(codes int8 [N, K], scale [N]) -> the [N, K] float32 values they stand for."""
+    return codes.float() * scale.float().unsqueeze(1)
+
+
 def quantize_int4(w: torch.Tensor, group_size: int) -> GroupQuantized:
     """w [N, K] float -> asymmetric group-wise int4 (min/max of each group map to 0/15)."""
     N, K = w.shape

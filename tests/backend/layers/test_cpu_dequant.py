@@ -59,3 +59,20 @@ def test_dispatch_matches_packed_kernel_and_reference(kind, dtype, chunk, monkey
                                                        layer.scale_zero) + layer.bias
         torch.testing.assert_close(got, packed.float(), atol=tol * scale, rtol=0)
     assert calls == [threshold, 3 * threshold + 5]
+
+
+def test_scratch_from_inference_mode_serves_callers_outside_it():
+    """The per-thread scratch first made under torch.inference_mode (as the engine runs)
+    must still be writable by a later call outside it (a tool or test in the same
+    process)."""
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randint(-127, 128, (48, 64), generator=gen, dtype=torch.int8)
+    scale = torch.rand(48, generator=gen) + 0.5
+    x = torch.randn(3, 64, generator=gen)
+    ref = x @ (q.float() * scale[:, None]).t()
+    cpu_dequant._local.__dict__.pop("bufs", None)  # the next call makes the buffer
+    with torch.inference_mode():
+        inside = cpu_dequant.int8_matmul(x, q, scale)
+    outside = cpu_dequant.int8_matmul(x, q, scale)
+    torch.testing.assert_close(inside, ref, rtol=1e-4, atol=1e-4)
+    assert torch.equal(outside, inside)
