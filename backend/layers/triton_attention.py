@@ -55,7 +55,7 @@ _LOG2E = 1.4426950408889634
 # fill the GPU): the fastest measured on an H200 (docs/BENCHMARKS.md). CUDA graphs fix the
 # split count per batch size, so the choice cannot follow the context length.
 # bf16, split: 64 tokens, 2 warps, 3 stages (2-7 % faster than 4 warps and 2 stages; 32
-# tokens lost 4-10 % at batch 1-8). bf16, unsplit: 32 tokens and 2 stages, with KV heads
+# tokens lost up to 10 % at batch 1-8). bf16, unsplit: 32 tokens and 2 stages, with KV heads
 # first 3-6 % faster than 64 / 3 at batch 32-128 x context 544, within 1 % at 4k. int8
 # keeps 4 warps (2 lost 3-10 % at 4k).
 DECODE_TILES = {  # kind: (split, unsplit) as (block_n, num_warps, num_stages)
