@@ -66,7 +66,8 @@ def not_applied(mode: str, reason: str) -> ScalingReport:
 
 def rounding_error(fmt: WeightFormat, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """w [N, K] float32 -> what a layer of ``fmt`` in model dtype ``dtype`` multiplies by,
-    minus w."""
+    minus w. For int4 the group scales and mins are taken as float32 (the layer keeps them
+    in the model dtype): the estimate leaves their rounding out."""
     if fmt.kind == "int8":
         return dequantize_int8(*quantize_int8(w, dtype)).sub_(w)
     if fmt.kind == "int4":

@@ -32,7 +32,7 @@ def variant_config(variant: str, dtype: str, device: str = "cpu") -> EngineConfi
     variant, _, scaling = variant.partition("/")
     name, _, head = variant.partition("+")
     weights, _, group = name.partition(":")
-    lm_head = head.partition("=")[2] or weights if head.startswith("head") else "model"
+    lm_head = (head.partition("=")[2] or weights) if head.startswith("head") else "model"
     return EngineConfig(device=device, dtype=dtype, weights_dtype=weights,
                         int4_group_size=int(group or 32), lm_head_dtype=lm_head,
                         weights_scaling=scaling or "activation",

@@ -73,20 +73,25 @@ class WeightFormat:
         return "int8" if self.kind == "int8" else f"int4-g{self.group_size}"
 
 
+# Inputs per block of a file's int4 codes: GGUF Q4_0 / Q4_1, backend.weights.gguf_quant.BLOCK
+# (the loaders build on the layers, not the other way round).
+FILE_INT4_GROUP = 32
+
+
 def resolve_weight_format(name: str, group_size: int, native: str | None) -> WeightFormat:
     """``--weights-dtype`` -> a format. auto: the file's own code form when it has one we
-    run (``native`` "int4"/"int8"; GGUF Q4 blocks are groups of 32), else the model dtype."""
+    run (``native`` "int4"/"int8"), else the model dtype."""
     if name == "auto":
         if native == "int4":
-            return WeightFormat("int4", None, 32)
+            return WeightFormat("int4", None, FILE_INT4_GROUP)
         return WeightFormat("int8") if native == "int8" else WeightFormat()
     return WeightFormat.parse(name, group_size)
 
 
 def keeps_file_codes(fmt: WeightFormat, native: str | None) -> bool:
-    """Whether layers of ``fmt`` keep a file's codes as they are (GGUF Q4_0/Q4_1 blocks are
-    int4 groups of 32) instead of rounding its values again."""
-    return fmt.kind == "int4" and native == "int4" and fmt.group_size == 32
+    """Whether layers of ``fmt`` keep a file's codes as they are (their groups are the
+    file's blocks) instead of rounding its values again."""
+    return fmt.kind == "int4" and native == "int4" and fmt.group_size == FILE_INT4_GROUP
 
 
 def make_linear(fmt: WeightFormat, out_features: int, in_features: int, bias: bool,
