@@ -229,8 +229,8 @@ def _warm_worker(args: tuple) -> list[str]:
     return errors
 
 
-def precompile(shapes, Ms, smoke: bool, workers: int) -> list[str]:
-    jobs = [(fmt, M, v) for fmt in FORMATS for M in Ms for v in variants(fmt, M)]
+def precompile(shapes, Ms, smoke: bool, workers: int, formats=FORMATS) -> list[str]:
+    jobs = [(fmt, M, v) for fmt in formats for M in Ms for v in variants(fmt, M)]
     chunks = [jobs[i::workers] for i in range(workers)]
     if smoke:
         return _warm_worker((shapes, jobs, smoke))
@@ -239,7 +239,8 @@ def precompile(shapes, Ms, smoke: bool, workers: int) -> list[str]:
                 for e in errs]
 
 
-def sweep(shapes, Ms, device: torch.device, deadline: float) -> list[dict]:
+def sweep(shapes, Ms, device: torch.device, deadline: float,
+          formats=FORMATS) -> list[dict]:
     rows = []
     for name, N, K in shapes:
         wts = Weights(N, K, device)
@@ -252,7 +253,7 @@ def sweep(shapes, Ms, device: torch.device, deadline: float) -> list[dict]:
             rows.append({"shape": name, "N": N, "K": K, "M": M, "format": "bf16",
                          "variant": "cuBLAS F.linear", "us": round(us, 2),
                          "weight_bytes": N * K * 2})
-            for fmt in FORMATS:
+            for fmt in formats:
                 ref = x.float() @ wts.ref[fmt].t()
                 nbytes = N * K if fmt == "int8" else N * K // 2 + 2 * 2 * N * K // int(
                     fmt.split("g")[1])
@@ -306,14 +307,13 @@ def pick(rows: list[dict], shapes) -> dict:
     return out
 
 
-def install(picks: dict) -> dict:
+def install(picks: dict, formats=FORMATS) -> dict:
     """Put the picks into quant_kernels.CONFIGS (the M = 64 pick for every GEMM bucket):
     "int8", "int4" (one table for every group size) and, per group size swept, the
-    "int4-g<G>" override; returns what was installed."""
+    "int4-g<G>" override; buckets of token counts not swept keep their committed entries.
+    Returns what was installed."""
     done = {}
-    for key in [k for k in qk.CONFIGS if k not in ("int8", "int4")]:
-        del qk.CONFIGS[key]
-    for table in ("int8", "int4", *(f for f in FORMATS if f.startswith("int4-"))):
+    for table in ("int8", "int4", *(f for f in formats if f.startswith("int4-"))):
         for key, p in picks.items():
             group, M = key.split("@")
             if group != table or not p["best_config"]:
@@ -336,8 +336,8 @@ def summary(rows: list[dict], picks: dict) -> list[str]:
                 if r["shape"] != shape or r["M"] != M or "us" not in r:
                     continue
                 fmt = r["format"]
-                group = "int8" if fmt == "int8" else "int4" if fmt.startswith("int4") else fmt
-                if fmt == "bf16" or r["variant"] == picks.get(f"{group}@{M}", {}).get(
+                # each format's own pick: the one ``install`` puts in its table
+                if fmt == "bf16" or r["variant"] == picks.get(f"{fmt}@{M}", {}).get(
                         "best_triton"):
                     got[fmt] = r["us"]
                 if r["variant"].startswith("tinygemm"):
@@ -358,24 +358,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--no-install", action="store_true",
                     help="run the engine with the committed CONFIGS, not the sweep's picks")
+    ap.add_argument("--formats", default=",".join(FORMATS),
+                    help="the formats to sweep (of %(default)s)")
+    ap.add_argument("--tokens", default="1,64", help="token counts to sweep")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
+    formats = tuple(f for f in args.formats.split(",") if f)
+    if not set(formats) <= set(FORMATS):
+        ap.error(f"--formats: not among {FORMATS}: {sorted(set(formats) - set(FORMATS))}")
     start = time.perf_counter()
     args.json_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cpu" if args.smoke else "cuda")
     shapes = SHAPES_SMOKE if args.smoke else SHAPES_7B
-    Ms = (1, 64) if not args.smoke else (1, 20)
+    Ms = tuple(int(m) for m in args.tokens.split(",")) if not args.smoke else (1, 20)
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "triton": getattr(qk.triton, "__version__", None),
             "copy_gbs": copy_gbs(device)}
     t = time.perf_counter()
-    meta["compile_errors"] = precompile(shapes, Ms, args.smoke, args.workers)
+    meta["compile_errors"] = precompile(shapes, Ms, args.smoke, args.workers, formats)
     meta["precompile_s"] = round(time.perf_counter() - t, 1)
-    rows = sweep(shapes, Ms, device, start + args.sweep_budget_s)
+    rows = sweep(shapes, Ms, device, start + args.sweep_budget_s, formats)
     picks = pick(rows, shapes)
     meta["sweep_s"] = round(time.perf_counter() - start, 1)
     (args.json_dir / "sweep.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
-    installed = {} if args.no_install else install(picks)
+    installed = {} if args.no_install else install(picks, formats)
     (args.json_dir / "picks.json").write_text(json.dumps(
         {"picks": picks, "installed": installed, "configs": qk.CONFIGS}, indent=1))
     engine = {}

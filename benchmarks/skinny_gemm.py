@@ -39,19 +39,23 @@ from benchmarks.quant import copies_past_l2, engine_level
 from benchmarks.quant_sweep import copy_gbs
 
 SHAPES_SMOKE = (("a", 48, 256, ADD_NORM), ("b", 40, 128, SILU_MUL))
-# (BLOCK_N, BLOCK_K, STAGES, SWAP, num_warps), each with K split 1, 2 and 4 ways
+# (BLOCK_N, BLOCK_K, STAGES, SWAP, num_warps[, TMA]), each with K split 1, 2 and 4 ways
 VARIANTS = ((32, 128, 4, 0, 4), (32, 256, 3, 0, 4), (64, 64, 4, 0, 4), (64, 128, 4, 0, 4),
             (64, 64, 5, 1, 4), (64, 128, 3, 1, 4), (64, 128, 4, 1, 4), (64, 256, 3, 1, 4),
             (64, 128, 3, 1, 8), (128, 64, 4, 1, 4), (128, 64, 5, 1, 8), (128, 128, 3, 1, 8),
             (128, 128, 4, 1, 4), (128, 128, 3, 0, 8), (256, 64, 3, 1, 8), (128, 64, 4, 0, 4),
-            (128, 64, 5, 0, 8), (256, 64, 4, 0, 8), (256, 128, 3, 0, 8), (64, 64, 6, 0, 4))
+            (128, 64, 5, 0, 8), (256, 64, 4, 0, 8), (256, 128, 3, 0, 8), (64, 64, 6, 0, 4),
+            (128, 128, 4, 1, 4, 1), (128, 64, 4, 1, 4, 1), (128, 64, 4, 0, 4, 1),
+            (128, 64, 6, 1, 8, 1), (128, 128, 4, 0, 4, 1), (64, 128, 4, 1, 4, 1),
+            (64, 64, 6, 0, 4, 1), (32, 256, 4, 0, 4, 1), (32, 128, 6, 0, 4, 1))
 SPLITS = (1, 2, 4)
 EPS = 1e-5
 ENGINE_BATCHES = (1, 8, 16, 32, 64)
 
 
 def configs() -> list[dict]:
-    return [dict(BLOCK_N=v[0], BLOCK_K=v[1], STAGES=v[2], SPLIT=s, SWAP=v[3], num_warps=v[4])
+    return [dict(BLOCK_N=v[0], BLOCK_K=v[1], STAGES=v[2], SPLIT=s, SWAP=v[3], num_warps=v[4],
+                 **({"TMA": 1} if v[5:] == (1,) else {}))
             for v in VARIANTS for s in SPLITS]
 
 

@@ -26,6 +26,10 @@ try:
     import triton.language as tl
 except ImportError:  # CPU-only installs
     triton = None
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton before host-side tensor descriptors: the pointer loads only
+    TensorDescriptor = None
 
 from backend.layers import pdl
 from backend.layers.gpu import multiprocessors
@@ -43,9 +47,12 @@ MAX_M = 128
 # Tile shapes per (BLOCK_M, N, K) from ``benchmarks.skinny_gemm`` on an H200, Llama-2-7B's
 # shapes, weights rotated past L2, the prologue kernel before each (docs/benchmarks/gemv/,
 # docs/BENCHMARKS.md). Only tiles that beat cuBLAS are listed: at 16 and 32 rows every
-# shape (by 1.6-4 us), at 64 o, down and the LM head, at 128 down and the LM head.
+# shape (by 1.6-4 us), at 64 all but qkv, at 128 o, down and the LM head. TMA tiles
+# (tensor descriptors) won o, gate_up, down and the LM head at 64 rows and o and down at
+# 128; the others were kept where the new run's best was within 1 % of them.
 # DEFAULT: other shapes at 16 and 32 rows; larger buckets run cuBLAS.
 _T = dict(BLOCK_N=128, BLOCK_K=128, STAGES=4, SPLIT=1, SWAP=1, num_warps=4)
+_NARROW_TMA = dict(_T, BLOCK_N=32, BLOCK_K=256, SWAP=0, TMA=1)  # 4096-row outputs, 64 rows
 CONFIGS: dict[tuple[int, int, int], dict] = {
     (16, 12288, 4096): _T,
     (16, 4096, 4096): dict(_T, BLOCK_N=64, BLOCK_K=256, STAGES=3, SPLIT=2),
@@ -57,10 +64,12 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (32, 22016, 4096): dict(_T, BLOCK_N=256, STAGES=3, SWAP=0, num_warps=8),
     (32, 4096, 11008): dict(_T, BLOCK_N=64, BLOCK_K=256, STAGES=3, SPLIT=2),
     (32, 32000, 4096): _T,
-    (64, 4096, 4096): dict(_T, BLOCK_N=64, SPLIT=2),
-    (64, 4096, 11008): dict(_T, BLOCK_N=64, SPLIT=2),
-    (64, 32000, 4096): dict(_T, BLOCK_K=64, SWAP=0),
-    (128, 4096, 11008): dict(_T, BLOCK_N=64, SPLIT=2),
+    (64, 4096, 4096): _NARROW_TMA,
+    (64, 22016, 4096): dict(_T, BLOCK_K=64, TMA=1),
+    (64, 4096, 11008): _NARROW_TMA,
+    (64, 32000, 4096): dict(_T, SWAP=0, TMA=1),
+    (128, 4096, 4096): dict(_T, BLOCK_N=64, SPLIT=2, TMA=1),
+    (128, 4096, 11008): dict(_T, BLOCK_N=64, SPLIT=2, TMA=1),
     (128, 32000, 4096): dict(_T, BLOCK_K=64, STAGES=5, SWAP=0, num_warps=8),
 }
 DEFAULT = {16: dict(_T, BLOCK_N=64, SPLIT=0), 32: dict(_T, BLOCK_N=64, SPLIT=0)}
@@ -82,13 +91,16 @@ if triton is not None:
     def _skinny_gemm(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_SPLIT,
                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
-                     PARTIAL: tl.constexpr, SWAP: tl.constexpr, F32_DOT: tl.constexpr,
-                     PDL: tl.constexpr):
+                     PARTIAL: tl.constexpr, SWAP: tl.constexpr, TMA: tl.constexpr,
+                     F32_DOT: tl.constexpr, PDL: tl.constexpr):
         # y[m, n] = sum_k x[m, k] W[n, k] (+ b[n]) over this program's K range
         # [pid_k K_SPLIT, +K_SPLIT). SWAP: y.T = W x.T, the weight tile the left operand (a
         # warpgroup MMA needs >= 64 rows on the left, which the weight has at any M).
-        # PARTIAL: fp32 sums into [splits, M, N]. F32_DOT: multiply in fp32 (the
-        # interpreter's tl.dot reads bf16 operands as raw integers).
+        # PARTIAL: fp32 sums into [splits, M, N]. TMA: x_ptr and w_ptr are tensor
+        # descriptors of [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K] boxes: the tiles come by
+        # the copy engine (Hopper's TMA; zero-filled past the edges, no address arithmetic
+        # or masks per element). F32_DOT: multiply in fp32 (the interpreter's tl.dot reads
+        # bf16 operands as raw integers).
         pdl_wait(PDL)
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -104,12 +116,16 @@ if triton is not None:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
             k = (k0 + rk)[None, :]  # [1, BK]
-            if EVEN:
+            if TMA:  # split ranges are whole tiles; the last tile's columns past K read 0
+                w = w_ptr.load([pid_n * BLOCK_N, k0])  # [BN, BK]
+                a = x_ptr.load([0, k0])  # [BM, BK]
+            elif EVEN:
                 w = tl.load(w_ptr + rn[:, None] * K + k)  # [BN, BK]
+                a = tl.load(x_ptr + rm[:, None] * K + k, mask=rows & (k < k_hi), other=0.0)
             else:
                 w = tl.load(w_ptr + rn[:, None] * K + k, mask=(rn[:, None] < N) & (k < k_hi),
                             other=0.0)
-            a = tl.load(x_ptr + rm[:, None] * K + k, mask=rows & (k < k_hi), other=0.0)
+                a = tl.load(x_ptr + rm[:, None] * K + k, mask=rows & (k < k_hi), other=0.0)
             if F32_DOT:
                 a, w = a.to(tl.float32), w.to(tl.float32)
             if SWAP:
@@ -165,9 +181,24 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     split = triton.cdiv(K, per)
     y, out = split_out(x, M, N, split)
     opts = {} if INTERPRET else dict(num_warps=cfg["num_warps"])
+    tma = bool(cfg.get("TMA")) and _tma_ok(x, weight)
+    xa, wa = ((TensorDescriptor.from_tensor(x, [bucket(M), bk]),
+               TensorDescriptor.from_tensor(weight, [bn, bk])) if tma else (x, weight))
     _skinny_gemm[(triton.cdiv(N, bn), split)](
-        x, weight, bias if bias is not None else weight, out, M, N, K, per,
+        xa, wa, bias if bias is not None else weight, out, M, N, K, per,
         HAS_BIAS=bias is not None, BLOCK_M=bucket(M), BLOCK_N=bn, BLOCK_K=bk,
         STAGES=cfg["STAGES"], EVEN=N % bn == 0 and K % per == 0, PARTIAL=split > 1,
-        SWAP=cfg["SWAP"], F32_DOT=INTERPRET, **opts, **pdl.launch(x.device))
+        SWAP=cfg["SWAP"], TMA=tma, F32_DOT=INTERPRET, **opts, **pdl.launch(x.device))
     return finish_splits(y, out, split)
+
+
+def _tma_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the tiles can come by TMA: Triton with tensor descriptors, a Hopper or later
+    GPU (or the interpreter), 16-byte aligned bases and row strides. Otherwise a TMA tile
+    runs the same shape with pointer loads."""
+    if TensorDescriptor is None:
+        return False
+    if not INTERPRET and torch.cuda.get_device_capability(x.device)[0] < 9:
+        return False
+    return all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+               for t in (x, weight))

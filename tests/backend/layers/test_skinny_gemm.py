@@ -15,10 +15,13 @@ from backend.layers.linear import DenseLinear, matmul
 pytestmark = pytest.mark.skipif(not skinny_gemm.AVAILABLE, reason="needs triton (interpreter)")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-5
-# tiles that do and do not divide (N, K), both operand orders, K split 1 / 2 / 3 ways
+# tiles that do and do not divide (N, K), both operand orders, K split 1 / 2 / 3 ways, with
+# pointer loads and with tensor descriptors (TMA: edges zero-filled by the copy)
 CONFIGS = [dict(BLOCK_N=16, BLOCK_K=32, STAGES=2, SPLIT=1, SWAP=0, num_warps=4),
            dict(BLOCK_N=32, BLOCK_K=64, STAGES=1, SPLIT=3, SWAP=1, num_warps=4),
-           dict(BLOCK_N=64, BLOCK_K=32, STAGES=3, SPLIT=2, SWAP=1, num_warps=4)]
+           dict(BLOCK_N=64, BLOCK_K=32, STAGES=3, SPLIT=2, SWAP=1, num_warps=4),
+           dict(BLOCK_N=16, BLOCK_K=32, STAGES=2, SPLIT=3, SWAP=1, TMA=1, num_warps=4),
+           dict(BLOCK_N=32, BLOCK_K=64, STAGES=3, SPLIT=1, SWAP=0, TMA=1, num_warps=4)]
 
 
 def _rand(*shape: int, dtype: torch.dtype = torch.bfloat16, seed: int) -> torch.Tensor:
@@ -47,6 +50,23 @@ def test_skinny_gemm_matches_a_float32_matmul(M, N, K) -> None:
             skinny_gemm.skinny_gemm(x, w, bias)
 
 
+@pytest.mark.skipif(skinny_gemm.TensorDescriptor is None, reason="Triton without descriptors")
+def test_tma_tiles_fall_back_to_pointer_loads_where_tma_cannot_read() -> None:
+    """TMA needs 16-byte aligned bases and row strides: an x that starts one element into
+    its buffer, or rows of 36 bytes, run the same tile with pointer loads, same numbers."""
+    cfg = dict(BLOCK_N=16, BLOCK_K=32, STAGES=2, SPLIT=2, SWAP=1, TMA=1, num_warps=4)
+    w = _rand(48, 64, seed=8) * 0.1
+    buf = _rand(3 * 64 + 1, seed=9)
+    x = buf[1:].view(3, 64)  # 2 bytes past a 16-byte boundary
+    assert skinny_gemm._tma_ok(buf[:192].view(3, 64), w) == (
+        DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9)
+    assert not skinny_gemm._tma_ok(x, w)
+    assert not skinny_gemm._tma_ok(_rand(3, 18, seed=10), _rand(48, 18, seed=11))
+    want = x.float() @ w.float().t()
+    torch.testing.assert_close(skinny_gemm.skinny_gemm(x, w, None, cfg).float(), want,
+                               atol=2e-2, rtol=1e-2)
+
+
 def _runs_on_the_interpreter(x: torch.Tensor, w: torch.Tensor) -> bool:
     """``runs``' rule without its device check (the interpreter runs the kernel here)."""
     return (2 <= x.shape[0] <= skinny_gemm.MAX_M and w.dtype == x.dtype
@@ -61,15 +81,16 @@ def test_where_the_kernel_runs() -> None:
     odd = torch.empty(96, 4096, dtype=torch.bfloat16)
     assert skinny_gemm.config_for(2, 4096, 4096) is not None
     assert not skinny_gemm.runs(rows[2], w)  # the CPU: torch, not the interpreter
-    assert [skinny_gemm.config_for(M, 4096, 4096) is not None for M in (1, 2, 64, 100)] == [
-        True, True, True, False]  # o: tiles at 16/32/64 rows, none at 128
+    assert [skinny_gemm.config_for(M, 12288, 4096) is not None for M in (1, 2, 64, 100)] == [
+        True, True, False, False]  # qkv: tiles at 16/32 rows, cuBLAS at 64 and 128
+    assert skinny_gemm.config_for(100, 4096, 4096) is not None  # o: a tile at 128 rows
     assert skinny_gemm.config_for(2, 96, 4096) is not None  # the default tile at 16 rows
     assert skinny_gemm.config_for(64, 96, 4096) is None  # no tile measured at 64: cuBLAS
-    assert skinny_gemm.config_for(64, 4096, 11008)["SPLIT"] == 2
+    assert skinny_gemm.config_for(64, 4096, 11008)["TMA"]
     if torch.cuda.is_available():
         cuda = {M: r.cuda() for M, r in rows.items()}
         assert [skinny_gemm.runs(cuda[M], w.cuda()) for M in (1, 2, 64, 100, 129)] == [
-            False, True, True, False, False]
+            False, True, True, True, False]
         assert skinny_gemm.runs(cuda[2], odd.cuda())
         assert not skinny_gemm.runs(cuda[2], w.cuda().float())  # fp32 would run in tf32
 
