@@ -15,6 +15,7 @@ pass, so the many-row matmul multiplies by the same values and skips the pass.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Callable
 
@@ -25,7 +26,6 @@ import torch.nn.functional as F
 # on the 2-core AVX-512 VM with SmolLM2's shapes (benchmarks.quant --cpu-crossover).
 DENSE_MIN_ROWS = {"int8": 64, "int4": 128}
 CHUNK_ELEMENTS = 1 << 22  # weights dequantised at once: 8 MiB of bf16 scratch at most
-INT4_BLOCK_N = 64  # _convert_weight_to_int4pack_for_cpu's row block (see int4_unpack)
 
 # A nibble q becomes a float exactly by writing it into the low mantissa bits of a power of
 # two (2^m + q), then subtracting 2^m + 8 gives q - 8 with no rounding: (int view, bits, 2^m).
@@ -87,21 +87,42 @@ def int8_dense(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return q.to(dtype)
 
 
+@functools.lru_cache(maxsize=None)
+def int4_block_n() -> int:
+    """The row block of ``_convert_weight_to_int4pack_for_cpu``'s layout on this CPU (see
+    ``int4_unpack``): torch packs 64 rows a block where its kernel uses AVX-512 and 32
+    elsewhere. 0 when neither reads a probe back (another torch's layout)."""
+    codes = torch.randint(0, 16, (64, 32), generator=torch.Generator().manual_seed(0),
+                          dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    for block in (64, 32):
+        if packed.shape == (64, 16) and torch.equal(
+                _unpack(packed, 64, 32, block), codes.to(torch.uint8)):
+            return block
+    return 0
+
+
 def int4_layout_ok(packed: torch.Tensor, codes: torch.Tensor) -> bool:
     """Whether ``packed`` (from ``_convert_weight_to_int4pack_for_cpu``) holds ``codes``
     [N, K] in the layout ``int4_unpack`` reads; checked once per layer at load, so another
     torch version's layout turns this path off instead of giving wrong weights."""
     N, K = codes.shape
-    if N % INT4_BLOCK_N or packed.shape != (N, K // 2) or packed.dtype != torch.uint8:
+    block = int4_block_n()
+    if not block or N % block or packed.shape != (N, K // 2) or packed.dtype != torch.uint8:
         return False
     return torch.equal(int4_unpack(packed, N, K), codes.to(torch.uint8))
 
 
 def int4_unpack(packed: torch.Tensor, N: int, K: int) -> torch.Tensor:
-    """Codes uint8 [N, K] from the packed layout: per block of 64 rows and per input k, 32
-    bytes whose low nibbles are rows 0..31 and high nibbles rows 32..63 of the block."""
-    p = packed.view(N // INT4_BLOCK_N, K, INT4_BLOCK_N // 2)
-    rows = torch.cat([p & 15, p >> 4], dim=2)  # [N/64, K, 64]
+    """Codes uint8 [N, K] from the packed layout: per block of B rows (``int4_block_n``)
+    and per input k, B / 2 bytes whose low nibbles are the block's first B / 2 rows and
+    high nibbles the rest."""
+    return _unpack(packed, N, K, int4_block_n())
+
+
+def _unpack(packed: torch.Tensor, N: int, K: int, block: int) -> torch.Tensor:
+    p = packed.view(N // block, K, block // 2)
+    rows = torch.cat([p & 15, p >> 4], dim=2)  # [N / B, K, B]
     return rows.permute(0, 2, 1).reshape(N, K)
 
 
@@ -115,18 +136,19 @@ def _fresh(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tenso
 
 def _int4_block_t(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int,
                   n0: int, n1: int, dtype: torch.dtype, alloc: Alloc) -> torch.Tensor:
-    """W.T [K, n1 - n0] in ``dtype`` for output rows n0..n1 (multiples of 64), W[n, k] =
+    """W.T [K, n1 - n0] in ``dtype`` for output rows n0..n1 (multiples of the packing's
+    row block), W[n, k] =
     (q - 8) * scale + zero; the one place both the per-call pass and the kept dense copy
     compute it, so the two give the same bits."""
     N, K = packed.shape[0], packed.shape[1] * 2
-    G, B = group_size, INT4_BLOCK_N
+    G, B = group_size, int4_block_n()
     int_dtype, bits, base = _MAGIC[dtype]
     p = packed.view(N // B, K, B // 2)
     nb = (n1 - n0) // B
-    src = p[n0 // B:n1 // B].permute(1, 0, 2)  # [K, nb, 32] bytes
+    src = p[n0 // B:n1 // B].permute(1, 0, 2)  # [K, nb, B / 2] bytes
     wide = alloc("bytes", (K, nb, B // 2), int_dtype)
     wide.copy_(src)
-    w = alloc("w", (K, nb, 2, B // 2), dtype)  # W.T [K, n1 - n0], row blocks of 64
+    w = alloc("w", (K, nb, 2, B // 2), dtype)  # W.T [K, n1 - n0], row blocks of B
     bits_view = w.view(int_dtype)
     torch.bitwise_and(wide, 15, out=bits_view[:, :, 0])
     torch.bitwise_right_shift(wide, 4, out=bits_view[:, :, 1])
@@ -150,7 +172,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
     def block(n0: int, n1: int) -> torch.Tensor:
         return x @ _int4_block_t(packed, scale_zero, group_size, n0, n1, x.dtype, _scratch)
 
-    return _blockwise(x, N, _row_blocks(N, K, INT4_BLOCK_N), block)
+    return _blockwise(x, N, _row_blocks(N, K, int4_block_n()), block)
 
 
 def int4_dense_t(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int,
@@ -160,6 +182,6 @@ def int4_dense_t(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int
     in the same blocks through fresh buffers, so the loading thread keeps no scratch."""
     N, K = packed.shape[0], packed.shape[1] * 2
     out = torch.empty(K, N, dtype=dtype)
-    for n0, n1 in _row_blocks(N, K, INT4_BLOCK_N):
+    for n0, n1 in _row_blocks(N, K, int4_block_n()):
         out[:, n0:n1] = _int4_block_t(packed, scale_zero, group_size, n0, n1, dtype, _fresh)
     return out
