@@ -137,9 +137,8 @@ def _fresh(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tenso
 def _int4_block_t(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int,
                   n0: int, n1: int, dtype: torch.dtype, alloc: Alloc) -> torch.Tensor:
     """W.T [K, n1 - n0] in ``dtype`` for output rows n0..n1 (multiples of the packing's
-    row block), W[n, k] =
-    (q - 8) * scale + zero; the one place both the per-call pass and the kept dense copy
-    compute it, so the two give the same bits."""
+    row block), W[n, k] = (q - 8) * scale + zero; the one place both the per-call pass and
+    the kept dense copy compute it, so the two give the same bits."""
     N, K = packed.shape[0], packed.shape[1] * 2
     G, B = group_size, int4_block_n()
     int_dtype, bits, base = _MAGIC[dtype]
