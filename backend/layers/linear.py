@@ -78,10 +78,14 @@ class WeightFormat:
 FILE_INT4_GROUP = 32
 
 
-def resolve_weight_format(name: str, group_size: int, native: str | None) -> WeightFormat:
+def resolve_weight_format(name: str, group_size: int, native: str | None,
+                          keep_codes: bool = True) -> WeightFormat:
     """``--weights-dtype`` -> a format. auto: the file's own code form when it has one we
-    run (``native`` "int4"/"int8"), else the model dtype."""
+    run (``native`` "int4"/"int8") and its kernels are fast on this device
+    (``keep_codes``), else the model dtype."""
     if name == "auto":
+        if not keep_codes:
+            return WeightFormat()
         if native == "int4":
             return WeightFormat("int4", None, FILE_INT4_GROUP)
         return WeightFormat("int8") if native == "int8" else WeightFormat()

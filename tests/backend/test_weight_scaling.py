@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from backend.engine import model_runner
 from backend.engine.config import EngineConfig
 from backend.engine.kv_quality import EVAL_TEXT
 from backend.engine.llm_engine import LLMEngine
@@ -113,10 +114,11 @@ def test_scaled_rounding_is_closer_to_dense_on_outlier_channels(kind):
     assert errors["activation"] < 0.8 * errors["none"], errors
 
 
-def test_engine_reports_where_scaling_applies(smollm2_source):
-    """The embedded model: auto keeps the file's Q4_1 codes (nothing to scale); int8 is
-    rounded from the values, scaled by default, plain when asked, and /health-style stats
-    say which."""
+def test_engine_reports_where_scaling_applies(smollm2_source, monkeypatch):
+    """The embedded model: auto keeps the file's Q4_1 codes (nothing to scale; on a CPU
+    whose packed kernels are fast, pinned here); int8 is rounded from the values, scaled by
+    default, plain when asked, and /health-style stats say which."""
+    monkeypatch.setattr(model_runner, "cpu_packed_kernels_fast", lambda: True)
     cfg = dict(dtype="float32", kv_cache_memory_gib=0.05, max_model_len=1024)
     reports = {}
     engines = {}

@@ -9,6 +9,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
+from backend.engine import model_runner
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.layers.linear import LinearRows, WeightFormat, make_linear, resolve_weight_format
@@ -95,6 +96,22 @@ def test_resolve_weight_format():
     assert resolve_weight_format("auto", 32, None) == WeightFormat()
     assert resolve_weight_format("int4", 64, None) == WeightFormat("int4", None, 64)
     assert resolve_weight_format("fp16", 32, "int4") == WeightFormat("dense", torch.float16)
+    # where the packed kernels are slow (a CPU without AVX-512), auto is the model dtype;
+    # an explicit format stays as asked
+    assert resolve_weight_format("auto", 32, "int4", keep_codes=False) == WeightFormat()
+    assert resolve_weight_format("auto", 32, "int8", keep_codes=False) == WeightFormat()
+    assert resolve_weight_format("int4", 32, "int4", keep_codes=False) == WeightFormat(
+        "int4", None, 32)
+
+
+def test_auto_keeps_file_codes_only_where_the_packed_cpu_kernels_are_fast(
+        smollm2_source, monkeypatch):
+    """The engine asks the CPU: with AVX-512 the embedded model's Q4_1 codes are served as
+    int4, without it as dense weights in the model dtype."""
+    cfg = EngineConfig(dtype="float32", kv_cache_memory_gib=0.01, max_model_len=64)
+    for fast, want in ((True, "int4-g32"), (False, "fp32")):
+        monkeypatch.setattr(model_runner, "cpu_packed_kernels_fast", lambda fast=fast: fast)
+        assert LLMEngine(cfg, smollm2_source).stats().weights_format == want
     with pytest.raises(ValueError, match="weights_dtype must be one of"):
         EngineConfig(weights_dtype="int3")
     with pytest.raises(ValueError, match="int4_group_size must be one of"):
@@ -131,8 +148,10 @@ def test_model_logits_match_a_dense_model_of_the_dequantised_weights(kind):
                          ids=lambda v: getattr(v, "name", v))
 def test_gguf_auto_keeps_the_files_code_form(tmp_path, monkeypatch, qtype, native):
     """Q4_0 -> int4 group 32 from the codes (exact up to float rounding); Q8_0 -> int8 (one
-    scale per row instead of per 32: re-quantised, close)."""
+    scale per row instead of per 32: re-quantised, close). On a CPU whose packed kernels are
+    fast (``cpu_packed_kernels_fast``, pinned here so the test means the same everywhere)."""
     monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(model_runner, "cpu_packed_kernels_fast", lambda: True)
     path = write_llama_gguf(tmp_path / f"tiny-{qtype.name}.gguf", random_hf_tensors(seed=4),
                             qtype)
     source = load_gguf(path)
@@ -152,8 +171,10 @@ def test_gguf_auto_keeps_the_files_code_form(tmp_path, monkeypatch, qtype, nativ
 
 def test_gguf_q4_1_served_from_its_codes(tmp_path, monkeypatch):
     """auto on a Q4_1 file: int4 group 32 from the file's codes, the same logits as the
-    dequantised (float32 cache) path up to float rounding; int8 re-quantises them."""
+    dequantised (float32 cache) path up to float rounding; int8 re-quantises them (a CPU
+    with fast packed kernels, pinned)."""
     monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(model_runner, "cpu_packed_kernels_fast", lambda: True)
     hf = random_hf_tensors(seed=2)
     path = write_llama_gguf(tmp_path / "tiny-q4_1.gguf", hf, Q.Q4_1)
     source = load_gguf(path)
