@@ -80,7 +80,8 @@ def _int4_dequant(layer, x: torch.Tensor) -> torch.Tensor:
 
 
 def cpu_crossover(reps: int) -> list[dict]:
-    """Per SmolLM2 layer shape and M: packed kernel vs dequantise + dense vs bf16 (µs)."""
+    """Per SmolLM2 layer shape and M: packed kernel vs dequantise + dense vs bf16 and fp32
+    dense (µs; fp32 takes float32 activations, the rest bf16)."""
     cpu = torch.device("cpu")
     rows = []
     for name, N, K in SHAPES_SMOLLM2:
@@ -88,6 +89,9 @@ def cpu_crossover(reps: int) -> list[dict]:
         dense = make_linear(WeightFormat("dense", torch.bfloat16), N, K, False, cpu,
                             torch.bfloat16)
         LinearRows(dense).load(w)
+        dense32 = make_linear(WeightFormat("dense", torch.float32), N, K, False, cpu,
+                              torch.float32)
+        LinearRows(dense32).load(w)
         int8 = make_linear(WeightFormat("int8"), N, K, False, cpu, torch.bfloat16)
         LinearRows(int8).load(w)
         int4 = make_linear(WeightFormat("int4", None, 32), N, K, False, cpu, torch.bfloat16)
@@ -103,7 +107,8 @@ def cpu_crossover(reps: int) -> list[dict]:
             x = torch.randn(M, K, dtype=torch.bfloat16)
             rows.append({"shape": name, "N": N, "K": K, "M": M,
                          **{p: round(_cpu_time_us(partial(fn, x), reps), 1)
-                            for p, fn in paths.items()}})
+                            for p, fn in paths.items()},
+                         "fp32": round(_cpu_time_us(partial(dense32, x.float()), reps), 1)})
     return rows
 
 
@@ -290,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.cpu_crossover:
         result = {"load_start": os.getloadavg(), "threads": torch.get_num_threads(),
+                  "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                   "layers": cpu_crossover(args.reps), "load_end": os.getloadavg()}
         if args.json:
             args.json.write_text(json.dumps(result, indent=1))

@@ -44,9 +44,10 @@ def cpu_has_native_bf16() -> bool:
 
 def cpu_packed_kernels_fast() -> bool:
     """Whether torch's packed int8 / int4 CPU matmuls run vectorised here (AVX-512). With
-    AVX2 alone they lose to a dense float32 matmul at every row count (SmolLM2's gate_up,
-    2-core VM: int4 3.3 ms vs 0.32 at one row, 189 vs 2.8 at 64; int8 0.82 vs 0.32), so
-    ``--weights-dtype auto`` keeps a file's codes only where this holds."""
+    AVX2 alone they lost to a dense float32 matmul at every row count timed (SmolLM2's
+    gate_up on a 2-core VM, ad hoc: int4 about 10x slower at one row and 70x at 64, int8
+    2.6x at one row), so ``--weights-dtype auto`` keeps a file's codes only where this
+    holds."""
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
