@@ -119,12 +119,12 @@ if triton is not None:
             if TMA:  # split ranges are whole tiles; the last tile's columns past K read 0
                 w = w_ptr.load([pid_n * BLOCK_N, k0])  # [BN, BK]
                 a = x_ptr.load([0, k0])  # [BM, BK]
-            elif EVEN:
-                w = tl.load(w_ptr + rn[:, None] * K + k)  # [BN, BK]
-                a = tl.load(x_ptr + rm[:, None] * K + k, mask=rows & (k < k_hi), other=0.0)
             else:
-                w = tl.load(w_ptr + rn[:, None] * K + k, mask=(rn[:, None] < N) & (k < k_hi),
-                            other=0.0)
+                if EVEN:
+                    w = tl.load(w_ptr + rn[:, None] * K + k)  # [BN, BK]
+                else:
+                    w = tl.load(w_ptr + rn[:, None] * K + k,
+                                mask=(rn[:, None] < N) & (k < k_hi), other=0.0)
                 a = tl.load(x_ptr + rm[:, None] * K + k, mask=rows & (k < k_hi), other=0.0)
             if F32_DOT:
                 a, w = a.to(tl.float32), w.to(tl.float32)

@@ -102,6 +102,10 @@ def test_resolve_weight_format():
     assert resolve_weight_format("auto", 32, "int8", keep_codes=False) == WeightFormat()
     assert resolve_weight_format("int4", 32, "int4", keep_codes=False) == WeightFormat(
         "int4", None, 32)
+    with pytest.raises(ValueError, match="weights_dtype must be one of"):
+        EngineConfig(weights_dtype="int3")
+    with pytest.raises(ValueError, match="int4_group_size must be one of"):
+        EngineConfig(int4_group_size=48)
 
 
 def test_auto_keeps_file_codes_only_where_the_packed_cpu_kernels_are_fast(
@@ -112,10 +116,6 @@ def test_auto_keeps_file_codes_only_where_the_packed_cpu_kernels_are_fast(
     for fast, want in ((True, "int4-g32"), (False, "fp32")):
         monkeypatch.setattr(model_runner, "cpu_packed_kernels_fast", lambda fast=fast: fast)
         assert LLMEngine(cfg, smollm2_source).stats().weights_format == want
-    with pytest.raises(ValueError, match="weights_dtype must be one of"):
-        EngineConfig(weights_dtype="int3")
-    with pytest.raises(ValueError, match="int4_group_size must be one of"):
-        EngineConfig(int4_group_size=48)
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
