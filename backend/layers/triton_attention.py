@@ -9,10 +9,11 @@ what its sequences really hold (not ``max_model_len``).
 Quantised caches (int8, fp8_e4m3 stored as uint8 bits) keep a float32 scale per (slot,
 K/V, head): the store kernel quantises, the attention kernels load the narrow values,
 widen them exactly to the compute dtype (every int8 and e4m3 value is representable in
-bf16), and apply the scales to the scores (K) and to the probabilities (V), so there is
-no dequantised copy anywhere. int8 V is stored transposed within each block
-(``kv_cache.TRANSPOSED_V``), the layout in which its narrow tile reaches ``tl.dot`` in
-16-byte copies.
+bf16; an int8 cache is attended in fp16, into which ``_int8_to_fp16`` widens four values
+with three integer / f16x2 instructions), and apply the scales to the scores (K) and to
+the probabilities (V), so there is no dequantised copy anywhere. int8 V is stored
+transposed within each block (``kv_cache.TRANSPOSED_V``), the layout in which its narrow
+tile reaches ``tl.dot`` in 16-byte copies.
 
 - ``store_kv``: one program per token, all KV heads; optionally RoPE on q and k first.
 - ``paged_decode``: flash-decoding. Grid (KV head, sequence, split): each program walks its
@@ -63,6 +64,10 @@ DECODE_TILES = {  # kind: (split, unsplit) as (block_n, num_warps, num_stages)
     "int8": ((128, 4, 3), (128, 4, 3)),
     "fp8_e4m3": ((128, 4, 2), (128, 4, 2)),
 }
+# int8 -> fp16 through inline PTX (``_int8_to_fp16``); the interpreter runs no PTX and
+# converts instead (the same values: the widening is exact either way)
+_PTX_WIDEN = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower()
+                          not in ("1", "true", "on", "yes"))
 # KV heads vary fastest in the decode grid: the programs that run together read the heads
 # of the same few sequences, whose K/V rows of a token sit side by side in one slot (0.5-2 %
 # faster than sequences first at batch 32-128 with split-free grids).
@@ -76,11 +81,37 @@ def decode_tile(kv_cache_dtype: str, num_splits: int) -> tuple[int, int, int]:
 
 
 @triton.jit
+def _int8_to_fp16(x):
+    """int8 -> fp16, exactly, four values per 32-bit word in five instructions. A byte
+    offset by 128 (one XOR per word) becomes the low byte of an fp16 whose high byte is
+    0x64 (one byte permute per pair): 1024 + x + 128, exact; one f16x2 subtraction of 1152
+    per pair leaves x. The int8 decode loop issues about as many instructions as it can
+    (half the scheduler slots on an H200 at batch 64): Triton's own int8 -> bf16 widening
+    took 1,161 instructions per 128-token tile of Llama-2-7B's heads, this 1,050."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 u;
+        xor.b32 u, $2, 0x80808080;
+        prmt.b32 $0, u, 0x64646464, 0x4140;
+        prmt.b32 $1, u, 0x64646464, 0x4342;
+        sub.f16x2 $0, $0, $3;
+        sub.f16x2 $1, $1, $3;
+        }""",
+        # $3: 1152 twice as f16x2 (an operand, not an immediate: the subtraction takes
+        # registers only; as an operand it is set once, outside the loop)
+        constraints="=r,=r,r,r,r,r,r", args=[x, tl.full(x.shape, 0x64806480, tl.int32)],
+        dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
 def _widen(x, QUANT: tl.constexpr, dtype: tl.constexpr):
     """Stored cache values -> the compute dtype (exact for int8 and e4m3)."""
     if QUANT == 2:
         return x.to(tl.float8e4nv, bitcast=True).to(dtype)
-    return x.to(dtype)
+    elif QUANT == 1 and dtype == tl.float16 and _PTX_WIDEN:
+        return _int8_to_fp16(x)
+    else:
+        return x.to(dtype)
 
 
 @triton.jit
@@ -139,9 +170,17 @@ def _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale, scale_p
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(scores - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if QUANT != 0:
-        p *= tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)[None, :]
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    if QUANT != 0 and v.dtype == tl.float16:
+        # p * V scale can fall below fp16's normal range (small scales over long contexts):
+        # the tile's largest scale S goes outside the dot, the products stay within [0, 1]
+        vs = tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)
+        top = tl.maximum(tl.max(vs, axis=0), 1e-30)
+        pv = tl.dot((p * (vs / top)[None, :]).to(v.dtype), v, input_precision=DOT_PREC)
+        acc = acc * alpha[:, None] + pv * top
+    else:
+        if QUANT != 0:
+            p *= tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)[None, :]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return m_new, l_i, acc
 
 
@@ -270,7 +309,10 @@ def _decode_kernel(
     heads = h * GROUP + g  # [G_PAD] query heads of this KV head's group
     q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=(g[:, None] < GROUP) & dmask[None, :], other=0.0)  # [G_PAD, HD_PAD]
-    cdt: tl.constexpr = tl.float32 if UPCAST else q.dtype
+    # fp32 under the interpreter and for fp32 models; fp16 over an int8 cache (widened by
+    # ``_int8_to_fp16``: int8 values and bf16 queries of normal magnitude are exact in it)
+    cdt: tl.constexpr = tl.float32 if UPCAST else (
+        q.dtype if QUANT != 1 or q.dtype == tl.float32 else tl.float16)
     q = q.to(cdt)
 
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
@@ -364,7 +406,10 @@ def _prefill_kernel(
     dmask = d < HD
     q = tl.load(q_ptr + (q_start + m)[:, None].to(tl.int64) * stride_qt + hq * stride_qh
                 + d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
-    cdt: tl.constexpr = tl.float32 if UPCAST else q.dtype
+    # fp32 under the interpreter and for fp32 models; fp16 over an int8 cache (widened by
+    # ``_int8_to_fp16``: int8 values and bf16 queries of normal magnitude are exact in it)
+    cdt: tl.constexpr = tl.float32 if UPCAST else (
+        q.dtype if QUANT != 1 or q.dtype == tl.float32 else tl.float16)
     q = q.to(cdt)
     pos = prefix + m  # [BLOCK_M] absolute positions of the queries
 

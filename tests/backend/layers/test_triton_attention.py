@@ -199,6 +199,33 @@ def test_quantised_decode_and_prefill_match_the_dequantised_reference(kind: str,
                                atol=3e-2, rtol=3e-2)
 
 
+def test_int8_cache_in_fp16_keeps_small_v_scales(monkeypatch) -> None:
+    """On the GPU an int8 cache is attended in fp16 (``_int8_to_fp16``). Its V scales may be
+    far below fp16's normal range once multiplied into the probabilities (here |V| ~ 1e-6):
+    the tile's largest scale goes outside the dot, so the result keeps its precision. Run
+    in the interpreter as the GPU runs it (fp16 dots, not the fp32 ones of UPCAST)."""
+    monkeypatch.setattr(triton_attention, "interpreting", lambda: False)
+    gen = torch.Generator().manual_seed(5)
+    kvh, group, hd, lens = 2, 1, 64, [3 * BS + 5, 41]
+    cache = _cache(kvh, hd, torch.bfloat16, "int8")
+    tables = _tables(lens, cache.num_blocks, gen)
+    for row, n in enumerate(lens):
+        k = torch.randn(n, kvh, hd, generator=gen).to(torch.bfloat16)
+        v = (torch.randn(n, kvh, hd, generator=gen) * 1e-6).to(torch.bfloat16)
+        triton_attention.store_kv(k, v, _slots(tables[row], range(n)), cache.data[0],
+                                  cache.scales[0], "int8", BS)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    q = (torch.randn(len(lens), kvh * group, hd, generator=gen) * 0.3).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    triton_attention.paged_decode(q, cache.data[0], cache.scales[0], tables, lens_t, out,
+                                  hd ** -0.5, BS, "int8", 1, block_n=32)
+    for i, n in enumerate(lens):
+        k, v = _context(cache, tables[i], n)
+        ref = _reference(q[i:i + 1], k, v, n - 1)[0]
+        torch.testing.assert_close(out[i].float() * 1e6, ref.float() * 1e6, atol=2e-2,
+                                   rtol=2e-2)
+
+
 @pytest.mark.parametrize("dtype,group,hd", [(torch.float32, 1, 64), (torch.bfloat16, 4, 128)])
 def test_paged_prefill_over_a_prefix_hit_mid_block(dtype: torch.dtype, group: int,
                                                    hd: int) -> None:
