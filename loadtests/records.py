@@ -99,6 +99,9 @@ def build_summary(records: list[RequestRecord], settings: dict, samples: Monitor
         "duration_s": span,
         "request_rate": len(ok) / span if span else None,
         "output_tokens_per_s": out_tokens / span if span else None,
+        # while every client kept sending (``steady_output_rate``); with a request target only
+        "output_tokens_per_s_steady": steady_output_rate(
+            records, int(settings.get("measure_requests") or 0))[0],
         "tokens_source": {"usage": sum(1 for r in ok if r.tokens_source == "usage"),
                           "chunks": fallback},
         "errors": errors,
@@ -115,6 +118,36 @@ def _span(ok: list[RequestRecord]) -> float | None:
     start = min(r.t_start_unix for r in ok)
     end = max(r.t_start_unix + (r.e2e_s or 0) for r in ok)
     return end - start if end > start else None
+
+
+def steady_output_rate(records: list[RequestRecord], target: int) -> tuple[float | None,
+                                                                            float | None]:
+    """(output tokens/s, window s) while every client kept sending: from the first measured
+    send to the end of the ``target``-th measured request to finish (failed ones count, as
+    in ``RecordSink``), the moment the generator stops starting requests. A closed loop then drains (the clients' last
+    requests finish one by one with nothing sent after them), so the rate over the whole
+    measured span (``output_tok_s``) is that of a batch shrinking to zero in its last
+    stretch. Here every request counts (warm-up ones, and those still running at the
+    window's end) with the tokens that arrived inside the window: content chunk i at
+    send + TTFT + the first i inter-token gaps, each worth completion_tokens / chunks."""
+    measured = [r for r in records if r.phase == "measure"]
+    if not measured or target <= 0:
+        return None, None
+    start = min(r.t_start_unix for r in measured)
+    ends = sorted(r.t_start_unix + (r.e2e_s or 0.0) for r in measured)
+    end = ends[min(target, len(ends)) - 1]
+    if end <= start:
+        return None, None
+    tokens = 0.0
+    for r in records:
+        if not r.ok or r.ttft_s is None or not r.completion_tokens:
+            continue
+        times = [r.t_start_unix + r.ttft_s]
+        for gap in r.itl_s:
+            times.append(times[-1] + gap)
+        inside = sum(1 for t in times if start <= t <= end)
+        tokens += inside * r.completion_tokens / len(times)
+    return tokens / (end - start), end - start
 
 
 def write_summary(path: str, summary: dict) -> None:

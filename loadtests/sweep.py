@@ -30,7 +30,7 @@ from loadtests import observe, report
 from loadtests.client import StreamingChatClient
 from loadtests.decompose import decompose, read_gateway_log
 from loadtests.procs import stop_process
-from loadtests.records import read_records, summary_path
+from loadtests.records import read_records, steady_output_rate, summary_path
 from loadtests.stats import MIN_SAMPLES_P99, summarize
 from loadtests.sweep_backend import BackendProcess
 
@@ -187,6 +187,7 @@ def build_row(cfg: SweepConfig, batch: int, records_path: str, rc: int, gpu: dic
                        summarize(r.e2e_s for r in ok))
     itl = summarize(g for r in ok for g in r.itl_s)
     span = summ.get("duration_s")
+    steady = steady_output_rate(recs, cfg.requests)
     slo_s = cfg.ttft_slo_ms / 1000 if cfg.ttft_slo_ms else None
     good = [r for r in ok if slo_s is None or (r.ttft_s or 0) <= slo_s]
     dec = decompose(recs, gw_log)
@@ -208,6 +209,8 @@ def build_row(cfg: SweepConfig, batch: int, records_path: str, rc: int, gpu: dic
         "duration_s": span,
         "request_rate": len(ok) / span if span else None,
         "output_tok_s": sum(r.completion_tokens or 0 for r in ok) / span if span else None,
+        # the same while all ``batch`` clients were sending (no drain at the end)
+        "output_tok_s_steady": steady[0], "steady_window_s": steady[1],
         "goodput_req_s": len(good) / span if span and slo_s else None,
         "goodput_tok_s": (sum(r.completion_tokens or 0 for r in good) / span
                           if span and slo_s else None),

@@ -4,7 +4,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from loadtests.decompose import decompose
+from loadtests.records import steady_output_rate
 from loadtests.sse import RequestRecord
 from loadtests.sweep import SweepConfig, sweep_warnings
 
@@ -58,6 +61,39 @@ def test_sweep_writes_csv_json_charts_and_html(lt_fake, lt_gateway, tmp_path):
 def _rec(rid, ttft, timings=None):
     return RequestRecord(request_id=rid, model="m", ok=True, ttft_s=ttft,
                          server_timings=timings)
+
+
+def _closed_loop(tokens_per_request: int) -> list[RequestRecord]:
+    """Two clients, one request after another: 10 content chunks each, 0.05 s after the
+    send then every 0.1 s; the stream ends 1 s after the send. Client b starts 0.5 s later.
+    The first request of each is warm-up, then two measured ones; nothing after them."""
+    recs = []
+    for client, offset in (("a", 0.0), ("b", 0.5)):
+        for i in range(3):
+            recs.append(RequestRecord(
+                request_id=f"{client}{i}", model="m", phase="warmup" if i == 0 else "measure",
+                t_start_unix=1000.0 + offset + i, ok=True, ttft_s=0.05, itl_s=[0.1] * 9,
+                e2e_s=1.0, completion_tokens=tokens_per_request, content_chunks=10))
+    recs.append(RequestRecord(request_id="x", model="m", t_start_unix=1001.2, ok=False,
+                              status=500, e2e_s=0.01))
+    return recs
+
+
+def test_steady_output_rate_leaves_out_the_drain():
+    recs = _closed_loop(10)
+    # window: first measured send (1001.0) to the fourth measured end (1003.0: the failed
+    # request counts towards the target, as in the generator); inside it each client
+    # streams 10 tokens a second, warm-up and last requests included in part
+    rate, window = steady_output_rate(recs, 4)
+    assert window == pytest.approx(2.0) and rate == pytest.approx(20.0)
+    # tokens from usage spread over the chunks: 2 a chunk doubles the rate
+    assert steady_output_rate(_closed_loop(20), 4)[0] == pytest.approx(40.0)
+    # the rate over the whole measured span includes client a's idle last half second
+    ok = [r for r in recs if r.phase == "measure" and r.ok]
+    span = max(r.t_start_unix + r.e2e_s for r in ok) - min(r.t_start_unix for r in ok)
+    assert sum(r.completion_tokens for r in ok) / span == pytest.approx(16.0)
+    assert steady_output_rate([], 3) == (None, None)
+    assert steady_output_rate(recs, 0) == (None, None)
 
 
 def test_decomposition_adds_up_to_the_client_ttft():
