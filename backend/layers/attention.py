@@ -21,7 +21,6 @@ Backends:
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -36,11 +35,6 @@ except ImportError:  # pragma: no cover - depends on the platform
     triton_attention = None
 
 BACKENDS = ("triton", "sdpa", "math")
-# A step with both decodes and prefill chunks runs the prefill attention on a second CUDA
-# stream beside the decode attention: the decodes' kernel is bound by K/V reads, the
-# prefill's by its dot products, and they write disjoint rows. ``FIRSTTOKEN_PREFILL_STREAM=0``
-# runs them one after the other (for A/B measurements).
-PREFILL_STREAM = os.environ.get("FIRSTTOKEN_PREFILL_STREAM", "1") != "0"
 
 
 @dataclass
@@ -117,10 +111,6 @@ class Attention:
         # On CUDA: a sdpa_kernel(...) context restricting SDPA to the backend the startup
         # probe verified, so it can never fall back silently.
         self.sdpa_context = sdpa_context
-        # created here, not on first use: that may be inside a CUDA graph capture
-        device = kv_cache.data.device
-        self._prefill_stream = (torch.cuda.Stream(device) if backend == "triton"
-                                and device.type == "cuda" and PREFILL_STREAM else None)
 
     # -- once per step ----------------------------------------------------------------
     def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
@@ -212,9 +202,6 @@ class Attention:
         T = q.shape[0]
         out = torch.empty(T, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         d = meta.num_decode
-        side = self._side_stream(q) if d and meta.has_prefill else None
-        if side is not None:  # fork after the store: both kernels read what it wrote
-            side.wait_stream(torch.cuda.current_stream(q.device))
         if d:
             triton_attention.paged_decode(
                 q[:d], data, scales, meta.block_tables, meta.context_lens, out, self.scale,
@@ -222,18 +209,10 @@ class Attention:
                 dependent_launch=dependent_launch)
         if meta.has_prefill:
             tables, lens, starts = meta.extra["prefill"]
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                triton_attention.paged_prefill(
-                    q, data, scales, tables, lens, starts, out, self.scale,
-                    cache.block_size, cache.kv_cache_dtype)
-        if side is not None:  # join: the next layer reads every row
-            torch.cuda.current_stream(q.device).wait_stream(side)
+            triton_attention.paged_prefill(
+                q, data, scales, tables, lens, starts, out, self.scale,
+                cache.block_size, cache.kv_cache_dtype)
         return out.view(T, self.num_heads * self.head_dim)
-
-    def _side_stream(self, q: torch.Tensor) -> torch.cuda.Stream | None:
-        """The stream prefill attention runs on beside the decodes' (CUDA only; captured
-        into CUDA graphs as a fork and a join)."""
-        return self._prefill_stream if q.is_cuda else None
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
