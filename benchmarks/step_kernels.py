@@ -13,7 +13,8 @@ running decodes), each timed (wall per step) and profiled; then a closed loop of
 (distinct 512-token prompts, 64 output tokens) with the steps that carried prefill and the
 decode-only ones timed apart.
 
-``python -m benchmarks.step_kernels [--sections gemm,steps,mixed] --json PATH`` (GPU only).
+``python -m benchmarks.step_kernels [--sections gemm,steps,mixed] [--kv-cache-dtype int8]
+--json PATH`` (GPU only; the K/V dtype is the mixed section's).
 """
 from __future__ import annotations
 
@@ -132,11 +133,12 @@ def engine_steps() -> dict:
     return res
 
 
-def mixed_steps() -> dict:
+def mixed_steps(kv_cache_dtype: str = "auto") -> dict:
     source = synthetic_source("llama-2-7b")
     engine = LLMEngine(EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=128,
                                     kv_cache_memory_gib=40, max_model_len=1024,
-                                    enable_prefix_caching=False), source)
+                                    enable_prefix_caching=False,
+                                    kv_cache_dtype=kv_cache_dtype), source)
     gen = torch.Generator().manual_seed(0)
     ids = itertools.count()
 
@@ -158,7 +160,8 @@ def mixed_steps() -> dict:
         two_prompts()
         engine.step()
 
-    res: dict = {"prefill_tokens_per_step": engine.config.prefill_budget()}
+    res: dict = {"prefill_tokens_per_step": engine.config.prefill_budget(),
+                 "kv_cache_dtype": kv_cache_dtype}
     for _ in range(3):
         prefill_alone()
     res["prefill1024_ms"] = _timed_ms(prefill_alone, 5)
@@ -208,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sections", default="gemm,steps",
                     help=f"comma-separated, of {', '.join(SECTIONS)}")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8", "fp8_e4m3"),
+                    help="the mixed section's K/V cache")
     args = ap.parse_args(argv)
     sections = args.sections.split(",")
     if not set(sections) <= set(SECTIONS):
@@ -218,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     if "steps" in sections:
         res.update(engine_steps())
     if "mixed" in sections:
-        res["mixed"] = mixed_steps()
+        res["mixed"] = mixed_steps(args.kv_cache_dtype)
     if args.json:
         args.json.write_text(json.dumps(res, indent=1) + "\n")
 
