@@ -10,12 +10,15 @@ Quantised caches (int8, fp8_e4m3 stored as uint8 bits) keep a float32 scale per 
 K/V, head): the store kernel quantises, the attention kernels load the narrow values,
 widen them exactly to the compute dtype (every int8 and e4m3 value is representable in
 bf16; an int8 cache is attended in fp16, into which ``_int8_to_fp16`` widens four values
-with three integer / f16x2 instructions), and apply the scales to the scores (K) and to
+with five integer / f16x2 instructions), and apply the scales to the scores (K) and to
 the probabilities (V), so there is no dequantised copy anywhere. int8 V is stored
 transposed within each block (``kv_cache.TRANSPOSED_V``), the layout in which its narrow
 tile reaches ``tl.dot`` in 16-byte copies.
 
 - ``store_kv``: one program per token, all KV heads; optionally RoPE on q and k first.
+  In steps of ``V_T_APART_TOKENS`` or more, int8 V goes through a second kernel that
+  stores a tile of tokens per head at a time (its transposed layout wants a block's
+  tokens side by side).
 - ``paged_decode``: flash-decoding. Grid (KV head, sequence, split): each program walks its
   share of the context in tiles of ``block_n`` tokens with an online softmax; the query
   heads of one GQA group form the rows of one ``tl.dot``. With more than one split the
