@@ -124,10 +124,10 @@ def steady_output_rate(records: list[RequestRecord], target: int) -> tuple[float
                                                                             float | None]:
     """(output tokens/s, window s) while every client kept sending: from the first measured
     send to the end of the ``target``-th measured request to finish (failed ones count, as
-    in ``RecordSink``), the moment the generator stops starting requests. A closed loop then drains (the clients' last
-    requests finish one by one with nothing sent after them), so the rate over the whole
-    measured span (``output_tok_s``) is that of a batch shrinking to zero in its last
-    stretch. Here every request counts (warm-up ones, and those still running at the
+    in ``RecordSink``), the moment the generator stops starting requests. A closed loop
+    then drains (the clients' last requests finish one by one with nothing sent after
+    them), so the rate over the whole measured span (``output_tok_s``) is that of a batch
+    shrinking to zero in its last stretch. Here every request counts (warm-up ones, and those still running at the
     window's end) with the tokens that arrived inside the window: content chunk i at
     send + TTFT + the first i inter-token gaps, each worth completion_tokens / chunks."""
     measured = [r for r in records if r.phase == "measure"]

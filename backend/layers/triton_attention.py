@@ -72,10 +72,6 @@ DECODE_TILES = {  # kind: (split, unsplit) as (block_n, num_warps, num_stages)
 # nothing to gather) keep one kernel for K and V.
 V_T_APART_TOKENS = 128
 _V_T_TOKENS = 32
-# int8 -> fp16 through inline PTX (``_int8_to_fp16``); the interpreter runs no PTX and
-# converts instead (the same values: the widening is exact either way)
-_PTX_WIDEN = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower()
-                          not in ("1", "true", "on", "yes"))
 # KV heads vary fastest in the decode grid: the programs that run together read the heads
 # of the same few sequences, whose K/V rows of a token sit side by side in one slot (0.5-2 %
 # faster than sequences first at batch 32-128 with split-free grids).
@@ -278,12 +274,26 @@ def _store_v_transposed_kernel(v_ptr, slot_ptr, cache_ptr, scale_ptr, T, stride_
     v = tl.load(v_ptr + t[:, None] * stride_vt + h * stride_vh + d[None, :],
                 mask=tmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)  # [TB, HD_PAD]
     scale = tl.maximum(tl.max(tl.abs(v), axis=1) / 127.0, 1e-12)  # [TB]
-    qv = tl.minimum(tl.maximum(_rint(v / scale[:, None]), -127.0), 127.0).to(tl.int8)
+    qv = _int8_codes(v / scale[:, None])
     tl.store(scale_ptr + stride_sc + h * stride_sh + slot, scale, mask=tmask)
-    f = d[:, None] * BLOCK_SIZE + (slot % BLOCK_SIZE)[None, :]  # [HD_PAD, TB]
-    row = (slot - slot % BLOCK_SIZE)[None, :] + f // HD
-    tl.store(cache_ptr + row * stride_cs + stride_cc + h * stride_ch + f % HD, tl.trans(qv),
+    row, col = _transposed_v_place(slot[None, :], d[:, None], BLOCK_SIZE, HD)  # [HD_PAD, TB]
+    tl.store(cache_ptr + row * stride_cs + stride_cc + h * stride_ch + col, tl.trans(qv),
              mask=dmask[:, None] & tmask[None, :])
+
+
+@triton.jit
+def _int8_codes(y):
+    """y (already divided by its scale) rounded half to even and clamped to +-127, as int8."""
+    return tl.minimum(tl.maximum(_rint(y), -127.0), 127.0).to(tl.int8)
+
+
+@triton.jit
+def _transposed_v_place(slot, dim, BLOCK_SIZE: tl.constexpr, HD: tl.constexpr):
+    """(cache row, byte within the row) of dimension ``dim`` of the token in ``slot`` when V
+    is stored transposed within its block (``_kv_tile``): byte dim * BLOCK_SIZE + t of the
+    block's V rows, t the token's place in the block."""
+    f = dim * BLOCK_SIZE + slot % BLOCK_SIZE
+    return slot - slot % BLOCK_SIZE + f // HD, f % HD
 
 
 @triton.jit
@@ -305,15 +315,14 @@ def _store_row(cache_ptr, scale_ptr, slot, c: tl.constexpr, x1, x2, h, d, mask,
         for part in tl.static_range(2):
             y = (a1 if part == 0 else a2) / scale[:, None]
             if QUANT == 1:
-                qv = tl.minimum(tl.maximum(_rint(y), -127.0), 127.0).to(tl.int8)
+                qv = _int8_codes(y)
             else:
                 qv = _round_to_e4m3(y).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
             if c == 0 or not V_T:
                 tl.store(dst + part * HALF, qv, mask=mask)
-            else:  # transposed within the block (_kv_tile)
-                f = (d + part * HALF) * BLOCK_SIZE + slot % BLOCK_SIZE  # [1, HALF_PAD]
-                row = slot - slot % BLOCK_SIZE + f // HD
-                tl.store(cache_ptr + row * stride_cs + stride_cc + h * stride_ch + f % HD, qv,
+            else:
+                row, col = _transposed_v_place(slot, d + part * HALF, BLOCK_SIZE, HD)
+                tl.store(cache_ptr + row * stride_cs + stride_cc + h * stride_ch + col, qv,
                          mask=mask)
         hs = tl.arange(0, KVH_PAD)
         tl.store(scale_ptr + c * stride_sc + hs * stride_sh + slot, scale, mask=hs < KVH)
@@ -492,6 +501,12 @@ def _pad(n: int, least: int = 16) -> int:
 def interpreting() -> bool:
     """True when TRITON_INTERPRET=1 runs the kernels on the CPU."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+# int8 -> fp16 through inline PTX (``_int8_to_fp16``); the interpreter runs no PTX and
+# converts instead (the same values: the widening is exact either way). Fixed at import, so
+# a test that runs the GPU's fp16 path in the interpreter (UPCAST off) still converts.
+_PTX_WIDEN = tl.constexpr(not interpreting())
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
