@@ -60,11 +60,13 @@ _LOG2E = 1.4426950408889634
 # split count per batch size, so the choice cannot follow the context length.
 # bf16, split: 64 tokens, 2 warps, 3 stages (2-7 % faster than 4 warps and 2 stages; 32
 # tokens lost up to 10 % at batch 1-8). bf16, unsplit: 32 tokens and 2 stages, with KV heads
-# first 3-6 % faster than 64 / 3 at batch 32-128 x context 544, within 1 % at 4k. int8
-# keeps 4 warps (2 lost 3-10 % at 4k).
+# first 3-6 % faster than 64 / 3 at batch 32-128 x context 544, within 1 % at 4k. int8,
+# split: 4 warps (2 lost 3-10 % at 4k). int8, unsplit: one warp a program, 32 tokens, 3
+# stages: 13 % faster than 128 / 4 / 3 at batch 64-128 x context 544, equal at 4k (the
+# softmax of one query row then needs no reduction across warps).
 DECODE_TILES = {  # kind: (split, unsplit) as (block_n, num_warps, num_stages)
     "auto": ((64, 2, 3), (32, 2, 2)),
-    "int8": ((128, 4, 3), (128, 4, 3)),
+    "int8": ((128, 4, 3), (32, 1, 3)),
     "fp8_e4m3": ((128, 4, 2), (128, 4, 2)),
 }
 # Steps of at least this many tokens store int8 V with ``_store_v_transposed_kernel``
@@ -164,37 +166,41 @@ def _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale, scale_p
     """One online-softmax step (base 2) of the rows q [M, HD_PAD] over one K/V tile;
     with MASKED, visible [M or 1, BLOCK_N] hides keys. Quantised: K scales multiply the
     scores, V scales the probabilities (a tile's scales are contiguous within a block)."""
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [M, BLOCK_N]
-    sc_off = head * stride_sh + slot
-    if QUANT != 0:
-        scores *= tl.load(scale_ptr + sc_off, mask=nmask, other=0.0)[None, :]
+    if QUANT != 0:  # the K scales and the softmax scale in one product a column
+        ks = tl.load(scale_ptr + head * stride_sh + slot, mask=nmask, other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * (ks * qk_scale)[None, :]
+    else:
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [M, BLOCK_N]
     if MASKED:
         scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(scores - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
+    vs_off = stride_sc + head * stride_sh + slot
     if QUANT != 0 and v.dtype == tl.float16:
         # p * V scale can fall below fp16's normal range (small scales over long contexts):
-        # the tile's largest scale S goes outside the dot, the products stay within [0, 1]
-        vs = tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)
+        # the tile's largest scale S goes outside the dot, the products stay within [0, 1].
+        # (Keeping acc in units of the latest S, so that the dot could accumulate into it,
+        # issued fewer instructions but ran the decode loop 18 % slower on an H200.)
+        vs = tl.load(scale_ptr + vs_off, mask=nmask, other=0.0)
         top = tl.maximum(tl.max(vs, axis=0), 1e-30)
         pv = tl.dot((p * (vs / top)[None, :]).to(v.dtype), v, input_precision=DOT_PREC)
         acc = acc * alpha[:, None] + pv * top
     else:
         if QUANT != 0:
-            p *= tl.load(scale_ptr + sc_off + stride_sc, mask=nmask, other=0.0)[None, :]
+            p *= tl.load(scale_ptr + vs_off, mask=nmask, other=0.0)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return m_new, l_i, acc
 
 
 @triton.jit
 def _rint(x):
-    """Round half to even (as torch.round), from floor: the same on GPU and interpreter."""
-    f = tl.floor(x)
-    diff = x - f
-    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
-    return tl.where((diff > 0.5) | ((diff == 0.5) & odd), f + 1.0, f)
+    """Round half to even (as torch.round) for float32 |x| < 2^22: adding 1.5 * 2^23 leaves
+    no fraction bits, so IEEE addition rounds there (to even), the same on the GPU and in
+    the interpreter's numpy. Two additions: the store kernels round every value they
+    write, and the floor-based rounding this replaced was a fifth of their instructions."""
+    return (x + 12582912.0) - 12582912.0
 
 
 @triton.jit
@@ -256,13 +262,15 @@ def _store_kv_kernel(
 def _store_v_transposed_kernel(v_ptr, slot_ptr, cache_ptr, scale_ptr, T, stride_vt, stride_vh,
                                stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
                                HD: tl.constexpr, HD_PAD: tl.constexpr, TB: tl.constexpr,
-                               BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr):
+                               BLOCK_SIZE: tl.constexpr, WHOLE_BLOCKS: tl.constexpr,
+                               PDL: tl.constexpr):
     # int8 V of TB consecutive tokens of the step, one KV head a program, quantised as
-    # ``_store_row`` does (bit for bit) and written transposed within each block: the tile
-    # goes out as [dims, tokens], so the tokens of a block that one dim holds are stored by
-    # neighbouring lanes into one run of bytes. Written a token a program, each byte was a
-    # store of its own, 16 bytes from the next: 7.6x the bf16 store's time in a 1,024-token
-    # prefill step on an H200.
+    # ``_store_row`` does (bit for bit) and written transposed within each block. A whole
+    # block of tokens in slot order (a prefill chunk's inner blocks) is written as the
+    # block's rows, [BLOCK_SIZE, HD] bytes in runs of HD: on an H200 a byte at a time, 16
+    # bytes from the next, took 7.6x the bf16 store's time in a 1,024-token prefill step,
+    # and tiles of [dims, tokens] still 2.3x. Every other token (partial blocks, decodes)
+    # goes out byte by byte.
     pdl_wait(PDL)
     pdl_release(PDL)
     h = tl.program_id(1)
@@ -271,14 +279,48 @@ def _store_v_transposed_kernel(v_ptr, slot_ptr, cache_ptr, scale_ptr, T, stride_
     d = tl.arange(0, HD_PAD)
     dmask = d < HD
     slot = tl.load(slot_ptr + t, mask=tmask, other=0).to(tl.int64)
-    v = tl.load(v_ptr + t[:, None] * stride_vt + h * stride_vh + d[None, :],
-                mask=tmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)  # [TB, HD_PAD]
-    scale = tl.maximum(tl.max(tl.abs(v), axis=1) / 127.0, 1e-12)  # [TB]
-    qv = _int8_codes(v / scale[:, None])
+    qv, scale = _int8_v_rows(v_ptr, t, tmask, h, d, dmask, stride_vt, stride_vh)
     tl.store(scale_ptr + stride_sc + h * stride_sh + slot, scale, mask=tmask)
+    bytewise = tmask
+    if WHOLE_BLOCKS:  # TB == BLOCK_SIZE, HD == HD_PAD (``store_kv``)
+        # token j belongs to a whole block in order when the BLOCK_SIZE step tokens from
+        # j - (its place in the block) hold that block's slots one after the other
+        k = tl.arange(0, BLOCK_SIZE)
+        first = t - slot % BLOCK_SIZE  # [TB] step index of its block's first token
+        run = tl.load(slot_ptr + first[:, None] + k[None, :],
+                      mask=tmask[:, None] & (first[:, None] >= 0)
+                      & (first[:, None] + k[None, :] < T), other=-1)
+        whole = tl.sum((run == (slot - slot % BLOCK_SIZE)[:, None] + k[None, :]).to(tl.int32),
+                       axis=1) == BLOCK_SIZE  # [TB]
+        bytewise = tmask & ~whole
+        # the whole block that starts in this window (at most one: TB == BLOCK_SIZE); when
+        # it is the window itself (a chunk's inner blocks, mostly), its codes are at hand
+        starts = whole & (slot % BLOCK_SIZE == 0)
+        if tl.sum(starts.to(tl.int32), axis=0) > 0:
+            r0 = tl.sum(tl.where(starts, t, 0), axis=0)
+            base = tl.sum(tl.where(starts, slot, 0), axis=0)
+            if r0 == tl.program_id(0) * TB:
+                bv = qv
+            else:
+                bv, _ = _int8_v_rows(v_ptr, r0 + k, k < BLOCK_SIZE, h, d, dmask, stride_vt,
+                                     stride_vh)
+            # element (dim, token) at byte dim * BLOCK_SIZE + token of the block's rows:
+            # the [HD, BLOCK_SIZE] tile read in order as [BLOCK_SIZE, HD]
+            rows = tl.reshape(tl.trans(bv), (BLOCK_SIZE, HD_PAD))
+            tl.store(cache_ptr + (base + k)[:, None] * stride_cs + stride_cc + h * stride_ch
+                     + d[None, :], rows)
     row, col = _transposed_v_place(slot[None, :], d[:, None], BLOCK_SIZE, HD)  # [HD_PAD, TB]
     tl.store(cache_ptr + row * stride_cs + stride_cc + h * stride_ch + col, tl.trans(qv),
-             mask=dmask[:, None] & tmask[None, :])
+             mask=dmask[:, None] & bytewise[None, :])
+
+
+@triton.jit
+def _int8_v_rows(v_ptr, t, tmask, h, d, dmask, stride_vt, stride_vh):
+    """V rows of step tokens t, head h -> int8 codes [TB, HD_PAD] and their scales [TB]."""
+    v = tl.load(v_ptr + t[:, None] * stride_vt + h * stride_vh + d[None, :],
+                mask=tmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(v), axis=1) / 127.0, 1e-12)  # [TB]
+    return _int8_codes(v / scale[:, None]), scale
 
 
 @triton.jit
@@ -551,10 +593,14 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch
         ROPE=rope is not None, V_APART=v_apart, num_warps=4 if kvh * hd >= 2048 else 1,
         **pdl.launch(k.device, dependent_launch))
     if v_apart:
-        _store_v_transposed_kernel[(triton.cdiv(T, _V_T_TOKENS), kvh)](
+        # whole blocks as rows: a power-of-two block (a window is one block's size) and a
+        # power-of-two head_dim (a block's rows then hold no padding)
+        whole = block_size & (block_size - 1) == 0 and 8 <= block_size <= 64 and hd & (hd - 1) == 0
+        tb = block_size if whole else _V_T_TOKENS
+        _store_v_transposed_kernel[(triton.cdiv(T, tb), kvh)](
             v, slots, cache, sc, T, v.stride(0), v.stride(1), cache.stride(0), cache.stride(1),
             cache.stride(2), ssc, ssh, HD=hd, HD_PAD=triton.next_power_of_2(hd),
-            TB=_V_T_TOKENS, BLOCK_SIZE=block_size, num_warps=4,
+            TB=tb, BLOCK_SIZE=block_size, WHOLE_BLOCKS=whole, num_warps=4,
             **pdl.launch(k.device, dependent_launch))
 
 
@@ -629,7 +675,10 @@ def paged_prefill(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | N
     kvh = cache.shape[2]
     hd_pad = _pad(hd)
     if block_m is None:
-        block_m = 128 if q.is_cuda else 64
+        # int8: 64-row tiles (4 warps) ran 15-20 % faster than 128 on an H200 (2-4 prompts of
+        # 512 tokens): its widening and scaling make each tile cost more than bf16's, so the
+        # smaller programs keep more of them in flight
+        block_m = 128 if q.is_cuda and kv_cache_dtype != "int8" else 64
     if block_n is None:
         block_n = 64 if hd_pad <= 128 or not q.is_cuda else 32
     if num_warps is None:

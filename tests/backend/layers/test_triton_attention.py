@@ -88,21 +88,24 @@ def test_store_kernel_matches_the_torch_write(kind: str, atol: int) -> None:
         torch.testing.assert_close(a.scales, b.scales)
 
 
-@pytest.mark.parametrize("hd", [64, 72])
-def test_int8_v_of_a_long_step_is_stored_by_its_own_kernel_as_the_torch_write(hd: int) -> None:
-    """A step of ``V_T_APART_TOKENS`` tokens or more stores int8 V a tile of tokens at a
-    time (``_store_v_transposed_kernel``): bit for bit the torch write's codes and scales.
-    Runs of whole blocks, a run starting mid-block, lone slots, a tile cut by the step's
-    end; head_dim a multiple of the block size and not (runs wrapping rows)."""
+@pytest.mark.parametrize("hd,lone", [(64, 37), (64, 42), (72, 37)])
+def test_int8_v_of_a_long_step_is_stored_by_its_own_kernel_as_the_torch_write(hd: int,
+                                                                              lone: int) -> None:
+    """A step of ``V_T_APART_TOKENS`` tokens or more stores int8 V in its own kernel
+    (``_store_v_transposed_kernel``): bit for bit the torch write's codes and scales.
+    A run of slots starting mid-block (its whole blocks written as rows, from step indices
+    on a window's start and, after 42 decodes, off it), lone slots, a window cut by the
+    step's end; head_dim a power of two (whole blocks as rows) and not (every byte apart,
+    runs wrapping rows)."""
     gen = torch.Generator().manual_seed(4)
     blocks = 16
     a, b = (_cache(2, hd, torch.bfloat16, "int8", blocks) for _ in range(2))
     order = torch.randperm(blocks * BS, generator=gen)
     run = torch.arange(3 * BS + 5, 9 * BS + 2)  # a prefill chunk: consecutive slots
-    lone = order[~torch.isin(order, run)][:37]  # decodes: scattered slots
-    slots = torch.cat((lone, run))
+    decodes = order[~torch.isin(order, run)][:lone]  # scattered slots
+    slots = torch.cat((decodes, run))
     T = slots.shape[0]
-    assert T >= triton_attention.V_T_APART_TOKENS and T % triton_attention._V_T_TOKENS
+    assert T >= triton_attention.V_T_APART_TOKENS and T % BS
     k = torch.randn(T, 2, hd, generator=gen).to(torch.bfloat16)
     v = (torch.randn(T, 2, hd, generator=gen) * torch.logspace(-3, 1, T).view(T, 1, 1)
          ).to(torch.bfloat16)
