@@ -16,9 +16,10 @@ transposed within each block (``kv_cache.TRANSPOSED_V``), the layout in which it
 tile reaches ``tl.dot`` in 16-byte copies.
 
 - ``store_kv``: one program per token, all KV heads; optionally RoPE on q and k first.
-  In steps of ``V_T_APART_TOKENS`` or more, int8 V goes through a second kernel that
-  stores a tile of tokens per head at a time (its transposed layout wants a block's
-  tokens side by side).
+  In steps of ``V_T_APART_TOKENS`` or more, int8 V goes through a second kernel, a
+  block's worth of tokens per head at a time, which writes each whole block (a prefill
+  chunk's inner blocks) as its rows: its transposed layout wants a block's tokens side by
+  side.
 - ``paged_decode``: flash-decoding. Grid (KV head, sequence, split): each program walks its
   share of the context in tiles of ``block_n`` tokens with an online softmax; the query
   heads of one GQA group form the rows of one ``tl.dot``. With more than one split the
@@ -69,9 +70,10 @@ DECODE_TILES = {  # kind: (split, unsplit) as (block_n, num_warps, num_stages)
     "int8": ((128, 4, 3), (32, 1, 3)),
     "fp8_e4m3": ((128, 4, 2), (128, 4, 2)),
 }
-# Steps of at least this many tokens store int8 V with ``_store_v_transposed_kernel``
-# (``_V_T_TOKENS`` tokens a program); smaller ones (decodes: each token in its own block, so
-# nothing to gather) keep one kernel for K and V.
+# Steps of at least this many tokens store int8 V with ``_store_v_transposed_kernel`` (a
+# block's worth of tokens a program, or ``_V_T_TOKENS`` where whole blocks cannot be written
+# as rows); smaller ones (decodes: each token in its own block, so nothing to gather) keep
+# one kernel for K and V.
 V_T_APART_TOKENS = 128
 _V_T_TOKENS = 32
 # KV heads vary fastest in the decode grid: the programs that run together read the heads
@@ -595,7 +597,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch
     if v_apart:
         # whole blocks as rows: a power-of-two block (a window is one block's size) and a
         # power-of-two head_dim (a block's rows then hold no padding)
-        whole = block_size & (block_size - 1) == 0 and 8 <= block_size <= 64 and hd & (hd - 1) == 0
+        whole = (block_size & (block_size - 1) == 0 and 8 <= block_size <= 64
+                 and hd & (hd - 1) == 0)
         tb = block_size if whole else _V_T_TOKENS
         _store_v_transposed_kernel[(triton.cdiv(T, tb), kvh)](
             v, slots, cache, sc, T, v.stride(0), v.stride(1), cache.stride(0), cache.stride(1),
@@ -675,9 +678,9 @@ def paged_prefill(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | N
     kvh = cache.shape[2]
     hd_pad = _pad(hd)
     if block_m is None:
-        # int8: 64-row tiles (4 warps) ran 15-20 % faster than 128 on an H200 (2-4 prompts of
-        # 512 tokens): its widening and scaling make each tile cost more than bf16's, so the
-        # smaller programs keep more of them in flight
+        # int8: 64-row tiles (4 warps) took 15-20 % less time than 128-row ones on an H200
+        # in 512-1,024-token prefills (docs/BENCHMARKS.md): widening and scaling make each
+        # int8 tile cost more than a bf16 one, and the smaller programs keep more in flight
         block_m = 128 if q.is_cuda and kv_cache_dtype != "int8" else 64
     if block_n is None:
         block_n = 64 if hd_pad <= 128 or not q.is_cuda else 32
