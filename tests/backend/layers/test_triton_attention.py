@@ -88,6 +88,21 @@ def test_store_kernel_matches_the_torch_write(kind: str, atol: int) -> None:
         torch.testing.assert_close(a.scales, b.scales)
 
 
+@pytest.mark.parametrize("T", [5, 8 * BS])
+def test_int8_store_rounds_halves_to_even(T: int) -> None:
+    """Values halfway between two codes go to the even one, as torch.round: K through the
+    token kernel, V through it (5 tokens) and through the whole-block path (128)."""
+    halves = torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5, 126.5, -125.5, 127.0])
+    x = halves.repeat(T, 2, 8)  # [T, kvh, 64]: |max| 127 makes the scale exactly 1
+    cache = _cache(2, 64, torch.float32, "int8", blocks=T // BS + 2)
+    slots = torch.arange(BS, BS + T)  # whole blocks in order from slot BS on
+    triton_attention.store_kv(x, x, slots, cache.data[0], cache.scales[0], "int8", BS)
+    back = cache.gather(0, slots)  # codes times a scale of 1
+    expected = torch.tensor([0.0, 2.0, 2.0, -0.0, -2.0, 126.0, -126.0, 127.0]).repeat(8)
+    assert torch.equal(cache.scales[0][:, :, slots], torch.ones(2, 2, T))
+    assert torch.equal(back, expected.expand_as(back))
+
+
 @pytest.mark.parametrize("hd,lone", [(64, 37), (64, 42), (72, 37)])
 def test_int8_v_of_a_long_step_is_stored_by_its_own_kernel_as_the_torch_write(hd: int,
                                                                               lone: int) -> None:
