@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -30,11 +30,13 @@ class Gateway:
     fake: FakeUpstream
     log_path: Path
     runner: web.AppRunner
+    clients: list[AsyncOpenAI] = field(default_factory=list)  # closed by make_gateway
 
     def client(self, key: str = CLIENT_KEY, **kw: Any) -> AsyncOpenAI:
         # max_retries=0: the SDK must not hide the gateway's own status codes by retrying.
-        return AsyncOpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0,
-                           timeout=kw.pop("timeout", 30), **kw)
+        self.clients.append(AsyncOpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0,
+                                        timeout=kw.pop("timeout", 30), **kw))
+        return self.clients[-1]
 
     def log_rows(self) -> list[dict[str, Any]]:
         self.app[state.REQUEST_LOG].flush()
@@ -113,19 +115,23 @@ async def each_pool(request: pytest.FixtureRequest):
 @pytest.fixture
 async def make_gateway(fake, tmp_path, transport):
     """Build and serve a gateway over ``fake``; keyword arguments override config keys."""
-    runners: list[web.AppRunner] = []
+    gateways: list[Gateway] = []
 
     async def make(**extra: Any) -> Gateway:
-        log_path = tmp_path / f"requests-{len(runners)}.jsonl"
+        log_path = tmp_path / f"requests-{len(gateways)}.jsonl"
         cfg = build_config(base_config(fake.base_url, log_path, transport, **extra), env={})
         app = create_app(cfg, env=ENV)
         runner, url = await start_server(app)
-        runners.append(runner)
-        return Gateway(url, app, fake, log_path, runner)
+        gateways.append(Gateway(url, app, fake, log_path, runner))
+        return gateways[-1]
 
     yield make
-    for r in runners:
-        await r.cleanup()
+    for g in gateways:
+        # SDK clients closed on this loop: left to the garbage collector, they close on a
+        # dead one and asyncio logs that into whichever test runs then
+        for client in g.clients:
+            await client.close()
+        await g.runner.cleanup()
 
 
 @pytest.fixture

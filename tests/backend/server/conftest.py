@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import openai
 import pytest
 
 from backend.engine.config import EngineConfig
@@ -63,3 +64,20 @@ def tiny() -> ServerThread:
     server = real_server("synthetic:tiny", max_model_len=512)
     yield server
     server.stop()
+
+
+@pytest.fixture
+async def sdk_client():
+    """Makes AsyncOpenAI clients (base URL, keyword overrides) and closes them while the
+    test's event loop still runs: a client left to the garbage collector closes on a dead
+    loop, and asyncio logs that error into whichever test runs then."""
+    clients: list[openai.AsyncOpenAI] = []
+
+    def make(base_url: str, **kwargs: object) -> openai.AsyncOpenAI:
+        clients.append(openai.AsyncOpenAI(**{"base_url": base_url, "api_key": "unused",
+                                             "max_retries": 0, **kwargs}))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        await client.close()

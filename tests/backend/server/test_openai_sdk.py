@@ -20,9 +20,8 @@ def _client(server) -> openai.OpenAI:
                          timeout=180)
 
 
-def _async_client(server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
-                              max_retries=0, timeout=180)
+def _async_client(sdk_client, server) -> openai.AsyncOpenAI:
+    return sdk_client(f"{server.base_url}/v1", timeout=180)
 
 
 def _sane(timings: dict, usage: object) -> None:
@@ -69,8 +68,8 @@ def test_sync_stream_chunks_and_usage(smollm2):
     _sane(usage.model_extra["firsttoken_timings"], usage.usage)
 
 
-async def test_async_completions_stream_and_not(smollm2):
-    client = _async_client(smollm2)
+async def test_async_completions_stream_and_not(smollm2, sdk_client):
+    client = _async_client(sdk_client, smollm2)
     prompt = "The capital of France is"
     resp = await client.completions.create(model="smollm2-135m-instruct", prompt=prompt,
                                            temperature=0, max_tokens=8)
@@ -85,8 +84,8 @@ async def test_async_completions_stream_and_not(smollm2):
     assert "firsttoken_timings" in chunks[-1].model_extra
 
 
-async def test_async_chat_with_stop_string(smollm2):
-    client = _async_client(smollm2)
+async def test_async_chat_with_stop_string(smollm2, sdk_client):
+    client = _async_client(sdk_client, smollm2)
     stream = await client.chat.completions.create(
         model="smollm2-135m-instruct", messages=QUESTION, temperature=0, max_tokens=24,
         stop=["Paris"], stream=True)
@@ -126,8 +125,8 @@ async def test_prompt_longer_than_context_names_both_lengths(tiny):
     assert code == 400 and "512" in out["error"]["message"] and "600" in out["error"]["message"]
 
 
-async def test_seeded_sampling_is_reproducible_through_http(tiny):
-    client = _async_client(tiny)
+async def test_seeded_sampling_is_reproducible_through_http(tiny, sdk_client):
+    client = _async_client(sdk_client, tiny)
 
     async def sample(seed: int) -> str:
         r = await client.completions.create(model="synthetic:tiny", prompt="abc", seed=seed,
@@ -182,9 +181,9 @@ async def test_disconnect_frees_blocks_on_the_real_engine(smollm2, stream):
     assert g["backend_requests_running"] == 0 and g["backend_kv_blocks_used"] == 0
 
 
-async def test_metrics_move_with_the_real_engine(tiny):
+async def test_metrics_move_with_the_real_engine(tiny, sdk_client):
     before = await _gauges(tiny)
-    client = _async_client(tiny)
+    client = _async_client(sdk_client, tiny)
     await client.chat.completions.create(model="synthetic:tiny", messages=QUESTION,
                                          max_tokens=6, extra_body={"ignore_eos": True})
     after = await _gauges(tiny)
@@ -197,10 +196,10 @@ async def test_metrics_move_with_the_real_engine(tiny):
     assert after["backend_eager_steps_total"] == 0  # no CUDA graphs here: none counted
 
 
-async def test_cached_prompt_tokens_are_counted(tiny):
+async def test_cached_prompt_tokens_are_counted(tiny, sdk_client):
     # the same long prompt twice: the second is served from the prefix cache but its last
     # partial block, and the counter moves by what its usage reports as cached
-    client = _async_client(tiny)
+    client = _async_client(sdk_client, tiny)
     messages = [{"role": "user", "content": "count the blocks of this prompt " * 8}]
     await client.chat.completions.create(model="synthetic:tiny", messages=messages,
                                          max_tokens=1)
@@ -214,7 +213,7 @@ async def test_cached_prompt_tokens_are_counted(tiny):
         before["backend_cached_prompt_tokens_total"] == cached
 
 
-async def test_full_kv_cache_makes_requests_wait():
+async def test_full_kv_cache_makes_requests_wait(sdk_client):
     # A KV pool of a few blocks: each request below needs 3/4 of it, so they cannot all run
     # at once; the others must wait (or be preempted and recomputed) — never fail.
     server = real_server("synthetic:tiny", max_model_len=1024,
@@ -224,7 +223,7 @@ async def test_full_kv_cache_makes_requests_wait():
         assert 4 <= blocks <= 32
         capacity = blocks * 16
         max_tokens = capacity * 3 // 4 - 20
-        client = _async_client(server)
+        client = _async_client(sdk_client, server)
         reqs = [client.completions.create(model="synthetic:tiny", prompt=[65 + i] * 20,
                                           max_tokens=max_tokens,
                                           extra_body={"ignore_eos": True})

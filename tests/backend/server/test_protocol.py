@@ -137,9 +137,8 @@ def test_tokenize_messages_use_the_same_schema():
         assert err.value.param == param
 
 
-async def test_the_sdk_with_its_optional_fields_against_the_server(fake):
-    client = openai.AsyncOpenAI(base_url=f"{fake.base_url}/v1", api_key="unused",
-                                max_retries=0)
+async def test_the_sdk_with_its_optional_fields_against_the_server(fake, sdk_client):
+    client = sdk_client(f"{fake.base_url}/v1")
     resp = await client.chat.completions.create(
         model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
         user="u", metadata={"k": "v"}, store=False, logit_bias={"1": 0},

@@ -5,7 +5,6 @@ import asyncio
 import os
 import sys
 
-import openai
 import pytest
 import yaml
 
@@ -41,9 +40,8 @@ async def gateway_url(smollm2, tmp_path):
         await asyncio.wait_for(proc.wait(), 30)
 
 
-async def test_openai_sdk_streams_through_the_gateway(gateway_url):
-    client = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key=KEY, max_retries=0,
-                                timeout=120)
+async def test_openai_sdk_streams_through_the_gateway(gateway_url, sdk_client):
+    client = sdk_client(f"{gateway_url}/v1", api_key=KEY, timeout=120)
     stream = await client.chat.completions.create(
         model="smollm2", messages=QUESTION, temperature=0, max_tokens=24, stream=True,
         stream_options={"include_usage": True}, extra_headers={"x-request-id": "via-gw-1"})
