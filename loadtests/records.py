@@ -127,9 +127,10 @@ def steady_output_rate(records: list[RequestRecord], target: int) -> tuple[float
     in ``RecordSink``), the moment the generator stops starting requests. A closed loop
     then drains (the clients' last requests finish one by one with nothing sent after
     them), so the rate over the whole measured span (``output_tok_s``) is that of a batch
-    shrinking to zero in its last stretch. Here every request counts (warm-up ones, and those still running at the
-    window's end) with the tokens that arrived inside the window: content chunk i at
-    send + TTFT + the first i inter-token gaps, each worth completion_tokens / chunks."""
+    shrinking to zero in its last stretch. Here every request counts (warm-up ones, and
+    those still running at the window's end) with the tokens that arrived inside the
+    window: content chunk i at send + TTFT + the first i inter-token gaps, each worth
+    completion_tokens / chunks."""
     measured = [r for r in records if r.phase == "measure"]
     if not measured or target <= 0:
         return None, None
