@@ -49,6 +49,8 @@ from backend.layers.fused_ops import rotate_halves
 from backend.layers.gpu import multiprocessors
 from backend.layers.pdl import release as pdl_release
 from backend.layers.pdl import wait as pdl_wait
+from backend.layers.rounding import rint as _rint
+from backend.layers.rounding import round_to_e4m3 as _round_to_e4m3
 from backend.layers.kv_cache import TRANSPOSED_V
 
 QUANT_CODES = {"auto": 0, "int8": 1, "fp8_e4m3": 2}
@@ -194,28 +196,6 @@ def _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale, scale_p
             p *= tl.load(scale_ptr + vs_off, mask=nmask, other=0.0)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return m_new, l_i, acc
-
-
-@triton.jit
-def _rint(x):
-    """Round half to even (as torch.round) for float32 |x| < 2^22: adding 1.5 * 2^23 leaves
-    no fraction bits, so IEEE addition rounds there (to even), the same on the GPU and in
-    the interpreter's numpy. Two additions: the store kernels round every value they
-    write, and the floor-based rounding this replaced was a fifth of their instructions."""
-    return (x + 12582912.0) - 12582912.0
-
-
-@triton.jit
-def _round_to_e4m3(y):
-    """|y| <= 448 -> the nearest float8_e4m3fn value (ties to even), still in float32. The
-    conversion to the fp8 type then has nothing left to round (Triton's interpreter
-    rounds differently from the GPU and from torch)."""
-    a = tl.abs(y)
-    expo = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 a) for a > 0
-    expo = tl.maximum(expo, -6)  # below 2^-6 the format is subnormal: fixed 2^-9 steps
-    step = ((expo - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(expo - 3)
-    r = _rint(a / step) * step
-    return tl.where(y < 0, -r, r)
 
 
 @triton.jit
