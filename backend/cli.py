@@ -39,14 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "TRITON_INTERPRET=1")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8", "fp8_e4m3"))
     p.add_argument("--weights-dtype", default="auto",
-                   choices=("auto", "bf16", "fp16", "fp32", "int8", "int4"),
+                   choices=("auto", "bf16", "fp16", "fp32", "int8", "int4", "fp8"),
                    help="linear-layer weights: auto keeps a GGUF's Q8_0/Q4_0/Q4_1 codes "
                         "(int8/int4), else the model dtype; int8 = per output channel, "
-                        "int4 = group-wise (default: %(default)s)")
+                        "int4 = group-wise (both weight-only); fp8 = e4m3 per output "
+                        "channel with activations quantised per token (fp8 tensor-core "
+                        "matmuls: faster prefill; CUDA needs compute capability 8.9+) "
+                        "(default: %(default)s)")
     p.add_argument("--int4-group-size", type=int, default=32, choices=(32, 64, 128, 256),
                    help="inputs per int4 scale/min pair (default: %(default)s)")
     p.add_argument("--weights-scaling", default="activation", choices=("activation", "none"),
-                   help="int8/int4 rounded from float weights: activation = per-input-channel "
+                   help="int8/int4/fp8 rounded from float weights: activation = per-input-channel "
                         "scales chosen on a calibration text at load (activation-aware, as "
                         "AWQ), folded into the preceding norm and up weights, so nothing "
                         "changes at run time; none = plain rounding. A GGUF's own int4 codes "

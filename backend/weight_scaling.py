@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from backend.layers.linear import DenseLinear, WeightFormat, make_linear
-from backend.layers.quantize import dequantize_int8, quantize_int4, quantize_int8
+from backend.layers.quantize import (dequantize_fp8, dequantize_int8, quantize_fp8, quantize_int4,
+                                     quantize_int8)
 from backend.model import DecoderLayer, LlamaModel
 
 # Our own mixed text (chat turns, prose, code, numbers, lists): no overlap with the
@@ -72,6 +73,8 @@ def rounding_error(fmt: WeightFormat, w: torch.Tensor, dtype: torch.dtype) -> to
         return dequantize_int8(*quantize_int8(w, dtype)).sub_(w)
     if fmt.kind == "int4":
         return quantize_int4(w, fmt.group_size).dequantize().sub_(w)
+    if fmt.kind == "fp8":
+        return dequantize_fp8(*quantize_fp8(w)).sub_(w)
     raise ValueError(f"no rounding for weight format {fmt.kind!r}")
 
 

@@ -28,7 +28,7 @@ def prefill_budget(max_prefill_tokens: int | None, max_num_batched_tokens: int) 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "kv_cache_dtype": ("auto", "int8", "fp8_e4m3"),
-    "weights_dtype": ("auto", "bf16", "fp16", "fp32", "int8", "int4"),
+    "weights_dtype": ("auto", "bf16", "fp16", "fp32", "int8", "int4", "fp8"),
     "lm_head_dtype": ("model", "int8", "int4"),
     "prefill_dense_weights": ("auto", "on", "off"),
     "weights_scaling": ("activation", "none"),
@@ -47,11 +47,12 @@ class EngineConfig(Schema):
     attention: str = "auto"  # auto = triton on CUDA, sdpa on CPU; or triton, sdpa, math
     kv_cache_dtype: str = "auto"  # auto = model dtype; "int8"; "fp8_e4m3"
     # Linear-layer weights: auto = a GGUF's own Q8_0/Q4_0/Q4_1 codes kept (int8 / int4),
-    # else the model dtype; int8 = per output row; int4 = group-wise (int4_group_size inputs).
+    # else the model dtype; int8 = per output row; int4 = group-wise (int4_group_size inputs);
+    # fp8 = e4m3 per output row, activations quantised per token (backend.layers.fp8_matmul).
     weights_dtype: str = "auto"
     int4_group_size: int = 32
     lm_head_dtype: str = "model"  # the output projection: the model dtype, int8 or int4
-    # int8 / int4 rounded from float weights: per-input-channel scales from a calibration
+    # int8 / int4 / fp8 rounded from float weights: per-input-channel scales from a calibration
     # pass, folded into the norms and up rows (backend.weight_scaling); none = plain rounding
     weights_scaling: str = "activation"
     # CPU only: quantised layers also keep their weight dense in the model dtype, built at

@@ -10,7 +10,9 @@ which scale layouts the int8 losses come from.
 
 Schemes: int8 with one scale per output row (what ``--weights-dtype int8`` stores), the same
 with an MSE-chosen clip, asymmetric per row, symmetric per group of G inputs, bf16 / fp16
-rounding (the floor), and per-row int8 applied to one layer kind at a time.
+rounding (the floor), per-row int8 applied to one layer kind at a time, and the e4m3 weights
+of ``--weights-dtype fp8`` (its activation rounding left out: the difference to a
+``weights_quality`` run of fp8 is what rounding the activations costs).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from backend.engine._tools import emit_json
 from backend.engine.config import EngineConfig
 from backend.engine.kv_quality import EVAL_TEXT
 from backend.engine.llm_engine import LLMEngine
-from backend.layers.quantize import INT8_MAX, dequantize_int8, quantize_int8
+from backend.layers.quantize import (INT8_MAX, dequantize_fp8, dequantize_int8, quantize_fp8,
+                                     quantize_int8)
 from backend.weights.loader import load_model_source
 
 LAYER_KINDS = ("qkv", "o", "gate_up", "down")
@@ -74,7 +77,9 @@ def schemes() -> dict[str, tuple]:
            "fp16 rounding": (lambda w: w.half().float(), LAYER_KINDS),
            "int8 per row (today)": (int8_row, LAYER_KINDS),
            "int8 per row, MSE clip": (int8_row_mse, LAYER_KINDS),
-           "int8 per row, asymmetric": (int8_row_asym, LAYER_KINDS)}
+           "int8 per row, asymmetric": (int8_row_asym, LAYER_KINDS),
+           # the weights of --weights-dtype fp8 alone (it rounds the activations too)
+           "fp8 e4m3 per row": (lambda w: dequantize_fp8(*quantize_fp8(w)), LAYER_KINDS)}
     for g in (32, 64, 192):  # 192 divides 576 and 1536 (128 does not divide 576)
         out[f"int8 per group of {g}"] = (partial(int8_group, group=g), LAYER_KINDS)
     for kind in LAYER_KINDS:

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from backend.layers import pdl
+from backend.layers import fp8_matmul, pdl
 
 try:
     import triton
@@ -54,14 +54,18 @@ def silu_mul_eager(gate_up: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- Triton kernels
 if AVAILABLE:
+    from backend.layers.fp8_matmul import store_e4m3_row
     from backend.layers.pdl import release as pdl_release
     from backend.layers.pdl import wait as pdl_wait
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+    def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, scale_ptr,
                              stride_x, stride_r, stride_o, stride_ro, N, eps,
-                             HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        # one program per row; the whole row (hidden <= BLOCK) lives in registers
+                             HAS_RES: tl.constexpr, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr,
+                             PDL: tl.constexpr):
+        # one program per row; the whole row (hidden <= BLOCK) lives in registers. FP8_OUT:
+        # the normed row goes out as e4m3 codes (bytes at out) and a scale (at scale_ptr),
+        # quantised from its model-dtype values as the unfused norm + quantiser would
         pdl_wait(PDL)
         pdl_release(PDL)
         row = tl.program_id(0)
@@ -76,8 +80,11 @@ if AVAILABLE:
         xf = x.to(tl.float32)
         var = tl.sum(xf * xf, axis=0) / N
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        y = xf * (1.0 / tl.sqrt(var + eps)) * w
-        tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+        y = (xf * (1.0 / tl.sqrt(var + eps)) * w).to(x.dtype)
+        if FP8_OUT:
+            store_e4m3_row(out_ptr, scale_ptr, row, stride_o, cols, mask, y.to(tl.float32))
+        else:
+            tl.store(out_ptr + row * stride_o + cols, y, mask=mask)
 
     @triton.jit
     def rotate_halves(x1, x2, c, s):
@@ -113,6 +120,15 @@ if AVAILABLE:
         tl.store(base + HALF, o2, mask=mask)
 
     @triton.jit
+    def _silu_mul_values(gu_ptr, t, stride_g, inter, cols, mask):
+        """silu(gate) * up at columns ``cols`` of token t, in the model dtype."""
+        g = tl.load(gu_ptr + t * stride_g + cols, mask=mask, other=0.0)
+        u = tl.load(gu_ptr + t * stride_g + inter + cols, mask=mask, other=0.0)
+        gf = g.to(tl.float32)
+        act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # F.silu rounds to the dtype
+        return (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+
+    @triton.jit
     def _silu_mul_kernel(gu_ptr, out_ptr, stride_g, stride_o, inter,
                          BLOCK: tl.constexpr, PDL: tl.constexpr):
         # grid (token, column block)
@@ -121,12 +137,20 @@ if AVAILABLE:
         t = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < inter
-        g = tl.load(gu_ptr + t * stride_g + cols, mask=mask, other=0.0)
-        u = tl.load(gu_ptr + t * stride_g + inter + cols, mask=mask, other=0.0)
-        gf = g.to(tl.float32)
-        act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # F.silu rounds to the dtype
-        y = act.to(tl.float32) * u.to(tl.float32)
-        tl.store(out_ptr + t * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+        y = _silu_mul_values(gu_ptr, t, stride_g, inter, cols, mask)
+        tl.store(out_ptr + t * stride_o + cols, y, mask=mask)
+
+    @triton.jit
+    def _silu_mul_fp8_kernel(gu_ptr, q_ptr, s_ptr, stride_g, stride_q, inter,
+                             BLOCK: tl.constexpr, PDL: tl.constexpr):
+        # one program per token, the whole row at once (its scale needs its largest value)
+        pdl_wait(PDL)
+        pdl_release(PDL)
+        t = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < inter
+        y = _silu_mul_values(gu_ptr, t, stride_g, inter, cols, mask)
+        store_e4m3_row(q_ptr, s_ptr, t, stride_q, cols, mask, y.to(tl.float32))
 
 
 def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -136,13 +160,32 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: 
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else x
     res = residual if residual is not None else x
+    _launch_norm(x, res, weight, out, res_out, out, eps, residual is not None, False)
+    return out, res_out
+
+
+def add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``add_rms_norm_triton`` whose normed row goes out in fp8 for the next matmul:
+    (codes [T, N] float8_e4m3fn, scales [T, 1] float32, the residual to carry), the bits
+    ``fp8_matmul.quantize_rows`` gives for the model-dtype norm."""
+    T, N = x.shape
+    codes, scale = fp8_matmul.new_codes(T, N, x.device)
+    res_out = torch.empty_like(x) if residual is not None else x
+    res = residual if residual is not None else x
+    _launch_norm(x, res, weight, codes, res_out, scale, eps, residual is not None, True)
+    return codes.view(fp8_matmul.FP8), scale, res_out
+
+
+def _launch_norm(x, res, weight, out, res_out, scale, eps: float, has_res: bool,
+                 fp8_out: bool) -> None:
+    T, N = x.shape
     block = triton.next_power_of_2(N)
     if T:
-        _add_rms_norm_kernel[(T,)](x, res, weight, out, res_out, x.stride(0), res.stride(0),
-                                   out.stride(0), res_out.stride(0), N, eps,
-                                   HAS_RES=residual is not None, BLOCK=block,
+        _add_rms_norm_kernel[(T,)](x, res, weight, out, res_out, scale, x.stride(0),
+                                   res.stride(0), out.stride(0), res_out.stride(0), N, eps,
+                                   HAS_RES=has_res, FP8_OUT=fp8_out, BLOCK=block,
                                    **_norm_warps(block, x.device), **pdl.launch(x.device))
-    return out, res_out
 
 
 def _norm_warps(block: int, device: torch.device) -> dict:
@@ -178,6 +221,20 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def silu_mul_fp8(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``silu_mul_triton`` whose output goes out in fp8 for the next matmul: (codes [T, inter]
+    float8_e4m3fn, scales [T, 1] float32)."""
+    T, two_inter = gate_up.shape
+    inter = two_inter // 2
+    codes, scale = fp8_matmul.new_codes(T, inter, gate_up.device)
+    block = triton.next_power_of_2(inter)
+    if T:
+        _silu_mul_fp8_kernel[(T,)](gate_up, codes, scale, gate_up.stride(0), codes.stride(0),
+                                   inter, BLOCK=block, **_norm_warps(block, gate_up.device),
+                                   **pdl.launch(gate_up.device))
+    return codes.view(fp8_matmul.FP8), scale
+
+
 @dataclass(frozen=True)
 class StepOps:
     """The non-matmul, non-attention work of a layer, in one implementation.
@@ -190,7 +247,10 @@ class StepOps:
     through ``backend.layers.skinny_gemm`` instead of cuBLAS. ``dependent_launch``: the
     attention kernels launch with programmatic dependent launch (``backend.layers.pdl``;
     the step ops' own kernels and the matmul kernels always do): measured faster in the
-    all-Triton step, while the eager ops' ablation rows ran slower with it in one run."""
+    all-Triton step, while the eager ops' ablation rows ran slower with it in one run.
+    ``add_rms_norm_fp8`` / ``silu_mul_fp8`` (None: not available): the norm and SiLU·mul
+    ending in the fp8 codes an fp8 layer multiplies by, instead of a model-dtype row that
+    the layer would quantise in another pass."""
     name: str
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rope_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
@@ -199,10 +259,13 @@ class StepOps:
     fuse_one_token: bool = False
     few_token_matmul: bool = False
     dependent_launch: bool = False
+    add_rms_norm_fp8: Callable[..., tuple[torch.Tensor, ...]] | None = None
+    silu_mul_fp8: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 EAGER = StepOps("eager", add_rms_norm_eager, rope_eager_, silu_mul_eager)
 TRITON = StepOps("triton", add_rms_norm_triton, rope_triton_, silu_mul_triton,
                  rope_in_kv_store=True, fuse_one_token=True, few_token_matmul=True,
-                 dependent_launch=True) \
+                 dependent_launch=True, add_rms_norm_fp8=add_rms_norm_fp8,
+                 silu_mul_fp8=silu_mul_fp8) \
     if AVAILABLE else None

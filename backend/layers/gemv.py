@@ -125,12 +125,13 @@ if triton is not None:
         return 1.0
 
     @triton.jit
-    def _gemv(x_ptr, r_ptr, nw_ptr, ro_ptr, w_ptr, b_ptr, y_ptr, N, K, eps,
-              PRO: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
-              PDL: tl.constexpr):
+    def _gemv(x_ptr, r_ptr, nw_ptr, ro_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, eps,
+              PRO: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+              STAGES: tl.constexpr, PDL: tl.constexpr):
         # y[n] = rstd * sum_k W[n, k] a[k] (+ b[n]); one program per BLOCK_N rows streaming
         # [BLOCK_N, BLOCK_K] tiles of W (pipelined: STAGES), one fp32 partial per slot.
+        # FP8: W is e4m3 codes (as bytes) times a float32 scale per row, s[n].
         pdl_wait(PDL)
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -147,18 +148,23 @@ if triton is not None:
             a, s = prologue_values(x_ptr, r_ptr, nw_ptr, ro_ptr, k, k, k < K, K,
                                    (pid == 0).to(tl.int32) * K, PRO)
             ss += s * s
+            if FP8:
+                w = w.to(tl.float8e4nv, bitcast=True)
             acc += w.to(tl.float32) * a[None, :]
         pdl_release(PDL)
         y = tl.sum(acc, axis=1) * norm_scale(tl.sum(ss, axis=0), K, eps, PRO)
+        if FP8:
+            y *= tl.load(s_ptr + rn, mask=rn < N, other=0.0)
         if HAS_BIAS:
             y += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         prologue: Prologue = Prologue(), config: dict | None = None
-         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x [1, K] (gate | up [1, 2K] for SILU_MUL) and weight [N, K] in one float dtype ->
+         prologue: Prologue = Prologue(), config: dict | None = None,
+         scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x [1, K] (gate | up [1, 2K] for SILU_MUL) and weight [N, K] in one float dtype, or
+    float8_e4m3fn codes with ``scale`` [N] float32 per row (W = codes * scale) ->
     (y [1, N], the residual to carry: s for ADD_NORM, x for NORM, else None)."""
     K = prologue.in_features(x)
     N = weight.shape[0]
@@ -171,8 +177,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     r_in, nw, r_out, carried = prologue.args(x)
     y = torch.empty(1, N, device=x.device, dtype=x.dtype)
     opts = {} if INTERPRET else dict(num_warps=cfg["num_warps"])
+    fp8 = scale is not None
+    if fp8:  # the bytes: the interpreter does not take float8 tensors; the kernel bitcasts
+        weight = weight.view(torch.uint8)
     _gemv[(triton.cdiv(N, bn),)](
-        x, r_in, nw, r_out, weight, bias if bias is not None else weight, y, N, K,
-        prologue.eps, PRO=prologue.kind, HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_K=bk,
+        x, r_in, nw, r_out, weight, scale if fp8 else weight,
+        bias if bias is not None else weight, y, N, K, prologue.eps, PRO=prologue.kind,
+        HAS_BIAS=bias is not None, FP8=fp8, BLOCK_N=bn, BLOCK_K=bk,
         EVEN=N % bn == 0 and K % bk == 0, STAGES=cfg["STAGES"], **opts, **pdl.launch(x.device))
     return y, carried

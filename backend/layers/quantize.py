@@ -1,7 +1,9 @@
 """Weight-only quantisation math, independent of any kernel layout.
 
-Two code forms, both "value = code * scale + offset":
+Three code forms, all "value = code * scale + offset":
   * int8, symmetric, one scale per output row: codes int8 [N, K], scale [N].
+  * fp8 (e4m3), one scale per output row: codes float8_e4m3fn [N, K], scale [N]; the row's
+    largest |w| maps to 448, e4m3's largest value.
   * int4, asymmetric, one (scale, min) pair per group of G inputs of a row: codes 0..15
     uint8 [N, K], scale/min [N, K / G]. This is GGUF's Q4_1 block exactly (G = 32); Q4_0 is
     the special case min = -8 * scale.
@@ -18,6 +20,7 @@ import torch
 
 INT8_MAX = 127
 INT4_LEVELS = 15
+FP8_MAX = 448.0  # float8_e4m3fn's largest value
 
 
 @dataclass
@@ -60,6 +63,19 @@ def quantize_int8(w: torch.Tensor, scale_dtype: torch.dtype = torch.float32
 
 def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """(codes int8 [N, K], scale [N]) -> the [N, K] float32 values they stand for."""
+    return codes.float() * scale.float().unsqueeze(1)
+
+
+def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float -> (codes float8_e4m3fn [N, K], scale float32 [N]), rounded to
+    nearest (ties to even) as the activations are (``fp8_matmul.quantize_rows``)."""
+    w = w.float()
+    amax = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)  # [N, 1]
+    return (w * (FP8_MAX / amax)).to(torch.float8_e4m3fn), (amax / FP8_MAX).squeeze(1)
+
+
+def dequantize_fp8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(codes float8_e4m3fn [N, K], scale [N]) -> the [N, K] float32 values."""
     return codes.float() * scale.float().unsqueeze(1)
 
 

@@ -23,7 +23,9 @@ from tests.backend.weights.gguf_fixtures import random_hf_tensors, write_llama_g
 CPU = torch.device("cpu")
 
 
-def _layer(kind: str, w: torch.Tensor, dtype: torch.dtype, group: int = 32, bias=None):
+def quantised_layer(kind: str, w: torch.Tensor, dtype: torch.dtype, group: int = 32, bias=None):
+    """A CPU layer of format ``kind`` loaded from w in two row blocks (as q|k|v and gate|up
+    load); shared with the fp8 tests."""
     layer = make_linear(WeightFormat(kind, None, group), w.shape[0], w.shape[1],
                         bias is not None, CPU, dtype)
     half = w.shape[0] // 2  # two row blocks, as fused q|k|v and gate|up load
@@ -41,7 +43,7 @@ def test_cpu_packed_matmul_matches_dequantised_reference(kind, dtype, rows):
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 128, generator=gen) * 0.05
     b = torch.randn(96, generator=gen)
-    layer = _layer(kind, w, dtype, bias=b)
+    layer = quantised_layer(kind, w, dtype, bias=b)
     assert layer.kernel == {"int8": "torch._weight_int8pack_mm",
                             "int4": "torch._weight_int4pack_mm_for_cpu"}[kind]
     x = torch.randn(rows, 128, generator=gen).to(dtype)
