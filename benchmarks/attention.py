@@ -384,17 +384,19 @@ def bench_step_op_costs(tokens: tuple[int, ...] = (1, 64, 512), calls: int = 200
 
 
 def bench_engine(attention: str, long_context: bool, step_ops: str | None = None,
-                 async_scheduling: bool | None = None, kv_cache_dtype: str = "auto") -> dict:
+                 async_scheduling: bool | None = None, kv_cache_dtype: str = "auto",
+                 weights_dtype: str = "auto") -> dict:
     """long_context: also the max_model_len 32k engine (the dense references would gather
     32k positions per sequence and layer there: triton only). step_ops: eager / triton /
     compile (None = the engine's default). async_scheduling: the engine setting (None = its
     default, on for CUDA)."""
     source = synthetic_source("llama-2-7b")
     steps = _Steps()
-    res: dict = {"kv_cache_dtype": kv_cache_dtype}
+    res: dict = {"kv_cache_dtype": kv_cache_dtype, "weights_dtype": weights_dtype}
     common = dict(device="cuda", dtype="bfloat16", attention=attention,
                   enable_prefix_caching=False, kv_cache_memory_gib=24,
                   async_scheduling=async_scheduling, kv_cache_dtype=kv_cache_dtype,
+                  weights_dtype=weights_dtype,
                   **(STEP_OPS_FIELDS[step_ops] if step_ops else {}))
     t0 = time.perf_counter()
     engine = LLMEngine(EngineConfig(max_model_len=1024, max_num_seqs=64, **common), source,
@@ -497,6 +499,8 @@ def main(argv: list[str] | None = None) -> None:
                          "default, on, off (e.g. off,on for the comparison)")
     ap.add_argument("--engine-kv-dtypes", default="auto",
                     help="engine section: the KV cache dtypes to run it with (auto,int8)")
+    ap.add_argument("--engine-weights-dtypes", default="auto",
+                    help="engine section: the linear weights to run it with (auto,fp8)")
     ap.add_argument("--skip-long-context", action="store_true",
                     help="no max_model_len 32k engine in the engine section")
     args = ap.parse_args(argv)
@@ -526,12 +530,15 @@ def main(argv: list[str] | None = None) -> None:
             _save(res, args.json)
         modes = args.engine_async.split(",")
         for b in filter(None, args.engine_backends.split(",")):
-            for mode, kv in itertools.product(modes, args.engine_kv_dtypes.split(",")):
+            for mode, kv, wd in itertools.product(modes, args.engine_kv_dtypes.split(","),
+                                                  args.engine_weights_dtypes.split(",")):
                 key = b if mode == "default" else f"{b}_async_{mode}"
                 key += "" if kv == "auto" else f"_kv_{kv}"
+                key += "" if wd == "auto" else f"_weights_{wd}"
                 res["engine"][key] = bench_engine(
-                    b, long_context=b == "triton" and not args.skip_long_context and kv == "auto",
-                    async_scheduling=_ASYNC[mode], kv_cache_dtype=kv)
+                    b, long_context=b == "triton" and not args.skip_long_context
+                    and kv == "auto" and wd == "auto",
+                    async_scheduling=_ASYNC[mode], kv_cache_dtype=kv, weights_dtype=wd)
                 _save(res, args.json)
     if "engine_kv" in sections:
         res["engine_step_ms_batch32_ctx4k_by_kv"] = bench_engine_kv(args.engine_kv.split(","))

@@ -133,12 +133,13 @@ def engine_steps() -> dict:
     return res
 
 
-def mixed_steps(kv_cache_dtype: str = "auto") -> dict:
+def mixed_steps(kv_cache_dtype: str = "auto", weights_dtype: str = "auto") -> dict:
     source = synthetic_source("llama-2-7b")
     engine = LLMEngine(EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=128,
                                     kv_cache_memory_gib=40, max_model_len=1024,
                                     enable_prefix_caching=False,
-                                    kv_cache_dtype=kv_cache_dtype), source)
+                                    kv_cache_dtype=kv_cache_dtype,
+                                    weights_dtype=weights_dtype), source)
     gen = torch.Generator().manual_seed(0)
     ids = itertools.count()
 
@@ -161,7 +162,7 @@ def mixed_steps(kv_cache_dtype: str = "auto") -> dict:
         engine.step()
 
     res: dict = {"prefill_tokens_per_step": engine.config.prefill_budget(),
-                 "kv_cache_dtype": kv_cache_dtype}
+                 "kv_cache_dtype": kv_cache_dtype, "weights": engine.stats().weights_format}
     for _ in range(3):
         prefill_alone()
     res["prefill1024_ms"] = _timed_ms(prefill_alone, 5)
@@ -213,6 +214,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8", "fp8_e4m3"),
                     help="the mixed section's K/V cache")
+    ap.add_argument("--weights-dtype", default="auto",
+                    choices=("auto", "bf16", "int8", "int4", "fp8"),
+                    help="the mixed section's linear weights (--weights-dtype of the backend)")
     args = ap.parse_args(argv)
     sections = args.sections.split(",")
     if not set(sections) <= set(SECTIONS):
@@ -223,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     if "steps" in sections:
         res.update(engine_steps())
     if "mixed" in sections:
-        res["mixed"] = mixed_steps(args.kv_cache_dtype)
+        res["mixed"] = mixed_steps(args.kv_cache_dtype, args.weights_dtype)
     if args.json:
         args.json.write_text(json.dumps(res, indent=1) + "\n")
 
