@@ -2,12 +2,15 @@
 row (token) on the fly, both multiplied on the tensor cores by ``torch._scaled_mm``
 (cuBLASLt on CUDA, compute capability 8.9+; torch's reference kernel on the CPU).
 
-On an H200 the fp8 matmul runs Llama-2-7B's prefill-sized layers 1.3-1.6x faster than bf16
-cuBLAS (docs/BENCHMARKS.md, "fp8 weights"): prefill is bound by the matmul rate, and the
-fp8 rate is twice bf16's. ``quantize_rows`` is the one extra pass: a row's largest |x|
-sets its scale (amax / 448, 448 being e4m3's largest value), every value is rounded to
-e4m3 against it. One Triton program per row on CUDA (and under ``TRITON_INTERPRET=1``),
-the same arithmetic in torch ops elsewhere; both round to the same bits.
+On an H200 the fp8 layer runs Llama-2-7B's prefill-sized layers 1.23-1.64x faster than
+bf16 cuBLAS (docs/BENCHMARKS.md, "fp8 weights"): prefill is bound by the matmul rate, and
+the fp8 rate is twice bf16's. ``quantize_rows`` is the extra pass: a row's largest |x| sets
+its scale (amax / 448, 448 being e4m3's largest value), every value is rounded to e4m3
+against it. One Triton program per row on CUDA (and under ``TRITON_INTERPRET=1``), the same
+arithmetic in torch ops elsewhere: the same bits in the interpreter; on the GPU, whose
+float32 division is approximate, a code in a few thousand may land one step away. The step
+ops' norm and SiLU·mul kernels end in ``store_e4m3_row`` themselves, so in a Triton step
+only the attention output goes through the extra pass.
 """
 from __future__ import annotations
 
