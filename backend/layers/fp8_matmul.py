@@ -19,6 +19,7 @@ import os
 import torch
 
 from backend.layers import pdl
+from backend.layers.quantize import FP8_AMAX_FLOOR, FP8_MAX, quantize_fp8
 
 try:
     import triton
@@ -27,8 +28,6 @@ except ImportError:  # CPU-only installs: the torch path below needs no Triton
     triton = None
 
 FP8 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
-_AMAX_FLOOR = 1e-12  # an all-zero row: any scale works, this one keeps 448 / amax finite
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 if triton is not None:
@@ -36,8 +35,8 @@ if triton is not None:
     from backend.layers.pdl import wait as pdl_wait
     from backend.layers.rounding import round_to_e4m3
 
-    _MAX_C = tl.constexpr(E4M3_MAX)  # kernels read module constants only as constexprs
-    _FLOOR_C = tl.constexpr(_AMAX_FLOOR)
+    _MAX_C = tl.constexpr(FP8_MAX)  # kernels read module constants only as constexprs
+    _FLOOR_C = tl.constexpr(FP8_AMAX_FLOOR)
 
     @triton.jit
     def store_e4m3_row(q_ptr, s_ptr, row, stride_q, cols, mask, x):
@@ -72,8 +71,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x ~ codes * scale, one scale per row."""
     M, K = x.shape
     if not _kernel_runs(x):
-        amax = x.float().abs().amax(dim=1, keepdim=True).clamp(min=_AMAX_FLOOR)
-        return (x.float() * (E4M3_MAX / amax)).to(FP8), amax / E4M3_MAX
+        codes, scale = quantize_fp8(x)  # the weights' quantiser: rows are rows
+        return codes, scale.unsqueeze(1)
     q, s = new_codes(M, K, x.device)
     block = triton.next_power_of_2(K)
     opts = {} if INTERPRET else dict(num_warps=min(16, max(4, block // 1024)))

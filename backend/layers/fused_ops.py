@@ -156,12 +156,8 @@ if AVAILABLE:
 def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton twin of ``add_rms_norm_eager``: one kernel, one pass over the row."""
-    T, N = x.shape
     out = torch.empty_like(x)
-    res_out = torch.empty_like(x) if residual is not None else x
-    res = residual if residual is not None else x
-    _launch_norm(x, res, weight, out, res_out, out, eps, residual is not None, False)
-    return out, res_out
+    return out, _launch_norm(x, residual, weight, out, out, eps, False)
 
 
 def add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -169,23 +165,26 @@ def add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
     """``add_rms_norm_triton`` whose normed row goes out in fp8 for the next matmul:
     (codes [T, N] float8_e4m3fn, scales [T, 1] float32, the residual to carry), the bits
     ``fp8_matmul.quantize_rows`` gives for the model-dtype norm."""
-    T, N = x.shape
-    codes, scale = fp8_matmul.new_codes(T, N, x.device)
-    res_out = torch.empty_like(x) if residual is not None else x
-    res = residual if residual is not None else x
-    _launch_norm(x, res, weight, codes, res_out, scale, eps, residual is not None, True)
+    codes, scale = fp8_matmul.new_codes(*x.shape, x.device)
+    res_out = _launch_norm(x, residual, weight, codes, scale, eps, True)
     return codes.view(fp8_matmul.FP8), scale, res_out
 
 
-def _launch_norm(x, res, weight, out, res_out, scale, eps: float, has_res: bool,
-                 fp8_out: bool) -> None:
+def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 out: torch.Tensor, scale: torch.Tensor, eps: float, fp8_out: bool
+                 ) -> torch.Tensor:
+    """One norm kernel into ``out`` (and ``scale`` with ``fp8_out``); returns the residual
+    to carry: x + residual in a new tensor, or x itself without a residual."""
     T, N = x.shape
+    res_out = torch.empty_like(x) if residual is not None else x
+    res = residual if residual is not None else x
     block = triton.next_power_of_2(N)
     if T:
         _add_rms_norm_kernel[(T,)](x, res, weight, out, res_out, scale, x.stride(0),
                                    res.stride(0), out.stride(0), res_out.stride(0), N, eps,
-                                   HAS_RES=has_res, FP8_OUT=fp8_out, BLOCK=block,
+                                   HAS_RES=residual is not None, FP8_OUT=fp8_out, BLOCK=block,
                                    **_norm_warps(block, x.device), **pdl.launch(x.device))
+    return res_out
 
 
 def _norm_warps(block: int, device: torch.device) -> dict:

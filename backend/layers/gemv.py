@@ -41,6 +41,12 @@ AVAILABLE = triton is not None and (torch.cuda.is_available()
                                     or os.environ.get("TRITON_INTERPRET") == "1")
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
+
+def runs_on(device: torch.device) -> bool:
+    """Whether the GEMV runs for tensors on ``device`` (CUDA, or the CPU under the
+    interpreter)."""
+    return AVAILABLE and (device.type == "cuda" or INTERPRET)
+
 NONE, NORM, ADD_NORM, SILU_MUL = 0, 1, 2, 3
 
 # Tile shapes of the bf16/fp16 GEMV from ``benchmarks.one_token_gemv`` on an H200

@@ -309,8 +309,7 @@ class DenseLinear(Linear):
         return skinny_gemm.skinny_gemm(x.contiguous(), self.weight, self.bias)
 
     def _gemv_runs(self, dtype: torch.dtype, device: torch.device) -> bool:
-        return gemv.AVAILABLE and self.weight.dtype == dtype and (
-            device.type == "cuda" or gemv.INTERPRET)
+        return self.weight.dtype == dtype and gemv.runs_on(device)
 
 
 class _QuantizedLinear(Linear):
@@ -586,12 +585,9 @@ class Fp8Linear(_QuantizedLinear):
 
     def one_token(self, x: torch.Tensor, prologue: Prologue
                   ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        if not self._gemv_runs(x.device):
+        if not gemv.runs_on(x.device):
             return None
         return gemv.gemv(x.contiguous(), self.codes, self.bias, prologue, scale=self.scale)
 
     def one_token_kernel(self, fused: bool) -> str:
-        return "triton-gemv-fp8" if fused and self._gemv_runs(self.device) else self.kernel
-
-    def _gemv_runs(self, device: torch.device) -> bool:
-        return gemv.AVAILABLE and (device.type == "cuda" or gemv.INTERPRET)
+        return "triton-gemv-fp8" if fused and gemv.runs_on(self.device) else self.kernel

@@ -21,6 +21,7 @@ import torch
 INT8_MAX = 127
 INT4_LEVELS = 15
 FP8_MAX = 448.0  # float8_e4m3fn's largest value
+FP8_AMAX_FLOOR = 1e-12  # an all-zero row: any scale works, this one keeps 448 / amax finite
 
 
 @dataclass
@@ -68,9 +69,10 @@ def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] float -> (codes float8_e4m3fn [N, K], scale float32 [N]), rounded to
-    nearest (ties to even) as the activations are (``fp8_matmul.quantize_rows``)."""
+    nearest (ties to even); ``fp8_matmul.quantize_rows`` quantises activations the same
+    way (its kernel to the same bits)."""
     w = w.float()
-    amax = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)  # [N, 1]
+    amax = w.abs().amax(dim=1, keepdim=True).clamp(min=FP8_AMAX_FLOOR)  # [N, 1]
     return (w * (FP8_MAX / amax)).to(torch.float8_e4m3fn), (amax / FP8_MAX).squeeze(1)
 
 
