@@ -148,8 +148,9 @@ class LlamaModel(nn.Module):
                  weight_format: WeightFormat = WeightFormat(),
                  lm_head_format: WeightFormat = WeightFormat()) -> None:
         """``weight_format``: every linear layer of the blocks; ``lm_head_format``: the
-        output projection (dense = the model dtype; a tied head quantised gets its own
-        quantised copy of the embedding, which stays dense for the lookup)."""
+        output projection (dense = the model dtype; a tied head quantised or in another
+        float dtype gets its own copy of the embedding, which stays in the model dtype for
+        the lookup)."""
         super().__init__()
         device = torch.device(device)
         self.cfg, self.device, self.dtype = cfg, device, dtype
@@ -159,7 +160,8 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, device, dtype, weight_format)
                                     for _ in range(cfg.num_hidden_layers))
         self.norm = frozen(torch.empty(cfg.hidden_size, device=device, dtype=dtype))
-        self.tied_head_copy = cfg.tie_word_embeddings and lm_head_format.kind != "dense"
+        self.tied_head_copy = cfg.tie_word_embeddings and (
+            lm_head_format.kind != "dense" or lm_head_format.dtype not in (None, dtype))
         if cfg.tie_word_embeddings and not self.tied_head_copy:
             self.lm_head: Linear = DenseLinear.over(self.embed)
         else:

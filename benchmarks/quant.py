@@ -33,7 +33,7 @@ import torch
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
-from backend.layers import cpu_dequant
+from backend.layers import cpu_dequant, cpu_fp16
 from backend.layers.linear import LinearRows, WeightFormat, make_linear
 from backend.weights.loader import synthetic_source
 
@@ -81,7 +81,9 @@ def _int4_dequant(layer, x: torch.Tensor) -> torch.Tensor:
 
 def cpu_crossover(reps: int) -> list[dict]:
     """Per SmolLM2 layer shape and M: packed kernel vs dequantise + dense vs bf16 and fp32
-    dense (µs; fp32 takes float32 activations, the rest bf16)."""
+    dense, and fp16 weights under float32 activations as the layer runs them (fbgemm below
+    ``cpu_fp16.DENSE_MIN_ROWS`` rows, widened + dense from there; where fbgemm runs) (µs;
+    fp32 and fp16 take float32 activations, the rest bf16)."""
     cpu = torch.device("cpu")
     rows = []
     for name, N, K in SHAPES_SMOLLM2:
@@ -96,6 +98,10 @@ def cpu_crossover(reps: int) -> list[dict]:
         LinearRows(int8).load(w)
         int4 = make_linear(WeightFormat("int4", None, 32), N, K, False, cpu, torch.bfloat16)
         LinearRows(int4).load(w)
+        fp16 = make_linear(WeightFormat("dense", torch.float16), N, K, False, cpu,
+                           torch.float32) if cpu_fp16.available() else None
+        if fp16 is not None:
+            LinearRows(fp16).load(w)
         paths = {
             "bf16": dense,
             "int8_packed": partial(_int8_packed, int8),
@@ -108,7 +114,9 @@ def cpu_crossover(reps: int) -> list[dict]:
             rows.append({"shape": name, "N": N, "K": K, "M": M,
                          **{p: round(_cpu_time_us(partial(fn, x), reps), 1)
                             for p, fn in paths.items()},
-                         "fp32": round(_cpu_time_us(partial(dense32, x.float()), reps), 1)})
+                         "fp32": round(_cpu_time_us(partial(dense32, x.float()), reps), 1),
+                         "fp16_fbgemm": None if fp16 is None else
+                         round(_cpu_time_us(partial(fp16, x.float()), reps), 1)})
     return rows
 
 

@@ -17,6 +17,7 @@ from backend.engine.sampler import Sampler
 from backend.engine.scheduler import ScheduledBatch
 from backend.engine.step_ops import apply_step_ops, resolve_step_ops
 from backend.engine.step_inputs import HostStep, build_step, split_on_device
+from backend.layers import cpu_fp16
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache, bytes_per_block
 from backend.layers.linear import (PrefillDense, WeightFormat, keep_prefill_dense,
@@ -115,11 +116,16 @@ class ModelRunner:
 
     def _build_model(self, config: EngineConfig, source, max_model_len: int
                      ) -> tuple[LlamaModel, ScalingReport]:
+        dense = WeightFormat("dense", torch.float16) if self._auto_fp16(config) \
+            else WeightFormat()
         fmt = resolve_weight_format(config.weights_dtype, config.int4_group_size,
                                     source.weight_quantization,
-                                    self.device.type == "cuda" or cpu_packed_kernels_fast())
-        head = WeightFormat.parse(config.lm_head_dtype, config.int4_group_size) \
-            if config.lm_head_dtype != "model" else WeightFormat()
+                                    self.device.type == "cuda" or cpu_packed_kernels_fast(),
+                                    dense)
+        if config.lm_head_dtype != "model":
+            head = WeightFormat.parse(config.lm_head_dtype, config.int4_group_size)
+        else:  # the model dtype, or auto's fp16: the head is a small model's largest matmul
+            head = fmt if fmt == dense else WeightFormat()
         mode = config.weights_scaling
         if fmt.kind == "dense":
             report = not_applied(mode, "dense weights")
@@ -151,6 +157,14 @@ class ModelRunner:
             log.info("weights: %s scaled in %.1f s (%s)", fmt.describe(self.dtype),
                      report.seconds, report.reason)
         return model, report
+
+    def _auto_fp16(self, config: EngineConfig) -> bool:
+        """Whether ``--weights-dtype auto`` stores float weights as fp16 (``cpu_fp16``): on
+        a CPU whose auto model dtype is float32 (no native bf16) and where fbgemm runs. An
+        explicit ``--dtype float32`` keeps float32 weights."""
+        return (config.weights_dtype == "auto" and config.dtype == "auto"
+                and self.device.type == "cpu" and self.dtype == torch.float32
+                and cpu_fp16.available())
 
     def graph_prefill_tokens(self) -> int:
         """The largest prefill token bucket captured in CUDA graphs: the step's prefill

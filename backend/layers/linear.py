@@ -8,7 +8,8 @@ float copy: a quantised layer keeps its codes in a staging buffer until every ro
 then packs them into the kernel's layout and drops the buffer.
 
 Kernels (``Linear.kernel`` names the one that runs):
-  * dense: ``F.linear`` (oneDNN on CPU, cuBLAS on CUDA).
+  * dense: ``F.linear`` (oneDNN on CPU, cuBLAS on CUDA); fp16 weights under float32
+    activations on an x86 CPU: fbgemm's packed fp16 kernel for few rows (``cpu_fp16``).
   * CPU int8: ``torch._weight_int8pack_mm``; CPU int4: ``torch._weight_int4pack_mm_for_cpu``
     over ``_convert_weight_to_int4pack_for_cpu``'s layout (both oneDNN/AVX-512 kernels that
     read the packed codes directly) for few tokens; from ``cpu_dequant.DENSE_MIN_ROWS``
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.layers import cpu_dequant, fp8_matmul, gemv, quant_kernels, skinny_gemm
+from backend.layers import cpu_dequant, cpu_fp16, fp8_matmul, gemv, quant_kernels, skinny_gemm
 from backend.layers.fused_ops import StepOps
 from backend.layers.gemv import SILU_MUL, Prologue
 from backend.layers.quantize import (GroupQuantized, check_group, dequantize_fp8, dequantize_int8,
@@ -85,16 +86,18 @@ FILE_INT4_GROUP = 32
 
 
 def resolve_weight_format(name: str, group_size: int, native: str | None,
-                          keep_codes: bool = True) -> WeightFormat:
+                          keep_codes: bool = True,
+                          dense: WeightFormat = WeightFormat()) -> WeightFormat:
     """``--weights-dtype`` -> a format. auto: the file's own code form when it has one we
     run (``native`` "int4"/"int8") and its kernels are fast on this device
-    (``keep_codes``), else the model dtype."""
+    (``keep_codes``), else ``dense`` (the caller's choice of float weights: the model
+    dtype, or fp16 where fbgemm runs it faster, see ``ModelRunner``)."""
     if name == "auto":
         if not keep_codes:
-            return WeightFormat()
+            return dense
         if native == "int4":
             return WeightFormat("int4", None, FILE_INT4_GROUP)
-        return WeightFormat("int8") if native == "int8" else WeightFormat()
+        return WeightFormat("int8") if native == "int8" else dense
     return WeightFormat.parse(name, group_size)
 
 
@@ -261,6 +264,10 @@ class LinearRows:
 
 
 class DenseLinear(Linear):
+    """Weights in a float dtype. fp16 weights under float32 activations on an x86 CPU run
+    their few-row calls through fbgemm's packed fp16 kernel (``cpu_fp16``; the packed copy
+    is built at the first such call after loading) and their many-row calls through the
+    dense matmul on the weight widened to float32."""
     kernel = "dense"
 
     def __init__(self, out_features: int, in_features: int, bias: bool,
@@ -268,6 +275,10 @@ class DenseLinear(Linear):
         super().__init__(out_features, in_features, bias, device, dtype)
         self.weight = frozen(torch.empty(out_features, in_features, device=device,
                                          dtype=weight_dtype))
+        self.fp16_packed = cpu_fp16.runs(weight_dtype, dtype, device)
+        self._packed: torch.ScriptObject | None = None  # fbgemm's copy, derived: no state
+        if self.fp16_packed:
+            self.kernel = "fbgemm-fp16"
 
     @classmethod
     def over(cls, weight: torch.Tensor) -> "DenseLinear":
@@ -281,12 +292,22 @@ class DenseLinear(Linear):
         if isinstance(value, GroupQuantized):
             value = value.dequantize()
         self.weight[rows].copy_(value)
+        self._packed = None  # packed again from the new values at the next call
 
     def dequantized(self) -> torch.Tensor:
         return self.weight.float()
 
+    def prefill_kernel(self) -> str:
+        return "widen+F.linear" if self.fp16_packed else self.kernel
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
+        if self.fp16_packed:
+            if x.shape[0] < cpu_fp16.DENSE_MIN_ROWS:
+                if self._packed is None:
+                    self._packed = cpu_fp16.pack(w)
+                return self._add_bias(cpu_fp16.matmul(x, self._packed))
+            return self._add_bias(cpu_dequant.widened_matmul(x, w))
         if w.dtype == x.dtype:
             return F.linear(x, w, self.bias)
         # Weights stored in another dtype than the activations (--weights-dtype fp32 under
