@@ -3,12 +3,13 @@ part of torch's x86 builds): float32 activations, weights stored as fp16 in fbge
 layout and widened in registers (F16C), float32 accumulation.
 
 On CPUs without native bf16 (AVX2 only) the model runs in float32, and a decode step is bound
-by reading float32 weights. Half the bytes through this kernel ran SmolLM2's decode steps
-1.7x (batch 1) to 2.8x (batch 8) faster than the dense float32 matmul on a 2-core AVX2 VM
-(docs/BENCHMARKS.md); rounding float32 weights to fp16 changes a layer's output by about
-2e-4 relative. For many rows (prefill) fbgemm's kernel lost to the dense float32 matmul
-(0.8x at 512 rows), so there the layer's fp16 weight is widened per call and the dense
-matmul runs on it: the conversion is about 1 % of such a call.
+by reading float32 weights. Half the bytes through this kernel decoded SmolLM2 1.7x faster
+at batch 1 than the dense float32 matmul on a 2-core AVX2 VM (docs/BENCHMARKS.md); rounding
+float32 weights to fp16 changes a layer's output by about 2e-4 relative. For many rows
+(prefill) fbgemm's kernel lost to the dense float32 matmul (0.8x at 512 rows), so there the
+layer widens its fp16 weight into a reused scratch buffer and runs the dense matmul on it
+(``cpu_dequant.widened_matmul``): a 512-token prefill took 1-2 % longer than on float32
+weights.
 """
 from __future__ import annotations
 
