@@ -70,22 +70,15 @@ def _blockwise(x: torch.Tensor, n_rows: int, blocks: list[tuple[int, int]], fn
 
 def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [T, K] @ (q [N, K] int8 * scale [N]).T -> [T, N]; the scale is per output row, so
-    it is applied to the output."""
-    N, K = q.shape
-
-    def block(n0: int, n1: int) -> torch.Tensor:
-        w = _scratch("w", (n1 - n0, K), x.dtype)
-        w.copy_(q[n0:n1])  # int8 -> float is exact
-        return F.linear(x, w) * scale[n0:n1]
-
-    return _blockwise(x, N, _row_blocks(N, K, 1), block)
+    it is applied to the output (int8 -> float is exact)."""
+    return widened_matmul(x, q) * scale
 
 
 def widened_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [T, K] @ w.T for a float weight w [N, K] in a narrower dtype than x (fp16 under
-    float32): widened into the scratch buffer block by block, then the dense matmul. A
-    fresh float32 copy per call cost its page faults too: 512-token prefills 15 % slower
-    than float32 weights (SmolLM2, 2-core AVX2 VM)."""
+    """x [T, K] @ w.T for a weight w [N, K] held in a narrower dtype than x (int8 codes,
+    fp16 under float32): converted into the scratch buffer block by block, then the dense
+    matmul. A fresh float32 copy per call cost its page faults too: 512-token prefills 15 %
+    slower than float32 weights (SmolLM2, 2-core AVX2 VM)."""
     N, K = w.shape
 
     def block(n0: int, n1: int) -> torch.Tensor:
