@@ -197,6 +197,12 @@ class LlamaModel(nn.Module):
                 t.normal_(0.0, 0.02, generator=gen)
         self._fill_tied_head()
 
+    def pack_weights(self) -> int:
+        """Builds the kernels' own copies of the weights now (fbgemm's packed fp16 layout
+        on the CPU) instead of at the first request, whose first step it would otherwise
+        stall (2.1 s for SmolLM2 on a 2-core VM); the number of layers packed."""
+        return sum(m.pack() for m in self.modules() if isinstance(m, DenseLinear))
+
     def _fill_tied_head(self) -> None:
         if self.tied_head_copy:
             self.lm_head.load_rows(slice(None), self.embed)

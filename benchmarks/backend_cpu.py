@@ -10,8 +10,11 @@ Three figures for the same model, prompts and token counts, in one run:
 Output lengths are forced (backend: ignore_eos; transformers: min_new_tokens). The two sides
 alternate repetition by repetition (the idle side uses no CPU), so load from other work on the
 machine hits both alike. Medians are reported next to every raw sample in the JSON.
-The JSON also keeps what the backend's /health said about its weights and kernels, and the
-server's resident memory (VmRSS, and the peak VmHWM) after start-up and at the end.
+The JSON also keeps what the backend's /health said about its weights and kernels, the
+server's resident memory (VmRSS, and the peak VmHWM) after start-up and at the end, the
+seconds from spawning it to a healthy /health, and its first request (a short chat prompt,
+16 tokens) before any warm-up: what the first user after a start feels
+(``--first-request-only`` measures just that and stops).
 
     flock /tmp/ft-heavy.lock .venv/bin/python -m benchmarks.backend_cpu \
         --out docs/benchmarks/backend-cpu.json
@@ -150,6 +153,14 @@ class BackendSide:
         self.server_ttft.append(r["server"])  # the backend's own split of the same request
         return r["stamps"][0] - r["t0"]
 
+    async def first_request(self, prompt: list[int], n: int) -> dict:
+        """TTFT, end to end and the longest gap between content chunks of one request."""
+        r = await _stream(self.session, self.url, self._body(prompt, n))
+        st = r["stamps"]
+        return {"ttft_s": st[0] - r["t0"], "e2e_s": st[-1] - r["t0"],
+                "max_gap_s": max((b - a for a, b in zip(st, st[1:])), default=0.0),
+                "completion_tokens": r["completion_tokens"]}
+
     async def decode(self, prompt: list[int], n: int) -> float:
         r = await _stream(self.session, self.url, self._body(prompt, n))
         return (r["completion_tokens"] - 1) / (r["stamps"][-1] - r["stamps"][0])
@@ -230,6 +241,10 @@ async def measure(base: str, model: str, hf: TransformersSide | None, prompts: d
     chat, n, c = prompts["chat"], args.decode_tokens, args.concurrency
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
         be = BackendSide(session, base, model, as_text)
+        out["first_request"] = await be.first_request(chat[-1], 16)
+        if args.first_request_only:
+            del out["transformers"]
+            return out
         await be.aggregate(chat[-1:] * 2, 8)  # warm-up (the engine's first steps are slow)
         await be.ttft(prompts["long"][-1])
         be.server_ttft.clear()
@@ -276,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer-url", default=None,
                    help="measure this running OpenAI-compatible server (e.g. llama.cpp's) "
                         "instead of starting ours; prompts go as text")
+    p.add_argument("--first-request-only", action="store_true",
+                   help="start the server, time its first request, stop (no transformers)")
     p.add_argument("--out", default="docs/benchmarks/backend-cpu.json")
     args = p.parse_args(argv)
     from backend.weights.loader import load_model_source
@@ -291,17 +308,20 @@ def main(argv: list[str] | None = None) -> int:
                                           tokenizer.decode)))
         result["load_end"] = _load()
         result["peer"] = result.pop("backend")
-        result["summary"] = {"peer": _summary(result["peer"])}
+        if not args.first_request_only:
+            result["summary"] = {"peer": _summary(result["peer"])}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
-        print(json.dumps(result["summary"], indent=1))
+        print(json.dumps(result.get("summary", result["first_request"]), indent=1))
         return 0
+    spawned = time.perf_counter()
     proc, base, _ = start_backend(args)
+    start_s = time.perf_counter() - spawned
     try:
         health = json.loads(_get(f"{base}/health"))
         rss_start = _rss_mib(proc.pid)
         model = json.loads(_get(f"{base}/v1/models"))["data"][0]["id"]
-        hf = None if args.skip_transformers else TransformersSide()
+        hf = None if args.skip_transformers or args.first_request_only else TransformersSide()
         result.update(asyncio.run(measure(base, model, hf, prompts, args)))
         result["backend"].update(command=f"python -m backend --model {args.model} "
                                          f"{args.backend_args}".strip(),
@@ -312,12 +332,18 @@ def main(argv: list[str] | None = None) -> int:
                                  prefill_kernel=health.get("prefill_kernel"),
                                  prefill_dense_weights=health.get("prefill_dense_weights"),
                                  server_rss_mib={"after_start": rss_start,
-                                                 "end": _rss_mib(proc.pid)})
+                                                 "end": _rss_mib(proc.pid)},
+                                 start_s=start_s)
         if hf:
             result["transformers"]["version"] = hf.version
     finally:
         stop_process(proc, grace_s=60)
     result["load_end"] = _load()
+    if args.first_request_only:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print(json.dumps({"start_s": start_s, **result["first_request"]}, indent=1))
+        return 0
     result["summary"] = {k: _summary(result[k]) for k in ("backend", "transformers")
                          if k in result}
     if "transformers" in result:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 
@@ -156,6 +157,10 @@ class ModelRunner:
                 torch.cuda.empty_cache()
             log.info("weights: %s scaled in %.1f s (%s)", fmt.describe(self.dtype),
                      report.seconds, report.reason)
+        t0 = time.perf_counter()
+        if packed := model.pack_weights():
+            log.info("weights: %d layers packed for fbgemm in %.1f s", packed,
+                     time.perf_counter() - t0)
         return model, report
 
     def _auto_fp16(self, config: EngineConfig) -> bool:

@@ -14,6 +14,16 @@ from backend.engine.sequence import Sequence
 from backend.engine.step_inputs import to_device
 
 
+def exponential_(noise: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Fills ``noise`` with Exp(1) draws, in place. On the CPU as -log(1 - U) from uniform
+    draws: torch's CPU ``exponential_`` makes one draw at a time, 13 ms for 8 x 49,152 on a
+    2-core VM where the uniforms and the vectorised log took 3.4 ms (a batch-8 decode step
+    there is ~90 ms). U = 0 gives a zero draw, which ``sample`` clamps like any other."""
+    if noise.device.type != "cpu":
+        return noise.exponential_(generator=generator)
+    return noise.uniform_(generator=generator).neg_().log1p_().neg_()
+
+
 class Sampler:
     def __init__(self, eos_token_ids: tuple[int, ...], device: torch.device) -> None:
         self.eos = tuple(eos_token_ids)
@@ -33,10 +43,10 @@ class Sampler:
         if any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in seqs):
             scaled = self._top_k_top_p(scaled, seqs)
         probs = torch.softmax(scaled, dim=-1)
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)  # [N, V]
+        noise = exponential_(torch.empty_like(probs), self.generator)  # [N, V]
         for i, seq in enumerate(seqs):
             if seq.generator is not None and not greedy[i]:
-                noise[i].exponential_(generator=seq.generator)
+                exponential_(noise[i], seq.generator)
         # a zero draw would make 0/0 = NaN on a filtered token, and argmax picks NaN
         noise.clamp_(min=torch.finfo(noise.dtype).tiny)
         sampled = (probs / noise).argmax(dim=-1)

@@ -266,8 +266,9 @@ class LinearRows:
 class DenseLinear(Linear):
     """Weights in a float dtype. fp16 weights under float32 activations on an x86 CPU run
     their few-row calls through fbgemm's packed fp16 kernel (``cpu_fp16``; the packed copy
-    is built at the first such call after loading) and their many-row calls through the
-    dense matmul on the weight widened to float32."""
+    is built by ``pack``, which the engine calls once the model is loaded, or else at the
+    first such call after loading) and their many-row calls through the dense matmul on
+    the weight widened to float32."""
     kernel = "dense"
 
     def __init__(self, out_features: int, in_features: int, bias: bool,
@@ -300,12 +301,19 @@ class DenseLinear(Linear):
     def prefill_kernel(self) -> str:
         return "widen+F.linear" if self.fp16_packed else self.kernel
 
+    def pack(self) -> bool:
+        """Builds fbgemm's packed copy now if this layer runs through it and has none;
+        whether it did. Otherwise the first few-row call after loading builds it."""
+        if not self.fp16_packed or self._packed is not None:
+            return False
+        self._packed = cpu_fp16.pack(self.weight)
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if self.fp16_packed:
             if x.shape[0] < cpu_fp16.DENSE_MIN_ROWS:
-                if self._packed is None:
-                    self._packed = cpu_fp16.pack(w)
+                self.pack()
                 return self._add_bias(cpu_fp16.matmul(x, self._packed))
             return self._add_bias(cpu_dequant.widened_matmul(x, w))
         if w.dtype == x.dtype:

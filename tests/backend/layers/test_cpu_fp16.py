@@ -10,7 +10,7 @@ from backend.engine import model_runner
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.layers import cpu_fp16
-from backend.layers.linear import WeightFormat, make_linear
+from backend.layers.linear import DenseLinear, WeightFormat, make_linear
 from backend.weights.loader import synthetic_source
 
 CPU = torch.device("cpu")
@@ -56,6 +56,12 @@ def test_auto_serves_fp16_weights_where_the_model_runs_in_float32(monkeypatch):
         "fp16", "fbgemm-fp16", "fp16")
     assert exact.stats().weights_format == "fp32"
     assert auto.runner.model.embed.dtype == torch.float32  # the lookup stays float32
+    # packed while the engine was built, not at the first request
+    fp16_layers = [m for m in auto.runner.model.modules()
+                   if isinstance(m, DenseLinear) and m.fp16_packed]
+    assert len(fp16_layers) == 4 * source.config.num_hidden_layers + 1
+    assert all(m._packed is not None for m in fp16_layers)
+    assert auto.runner.model.pack_weights() == 0
     tokens = list(range(300, 340))
     a, e = auto.score(tokens), exact.score(tokens)
     rel = ((a - e).abs().mean() / e.abs().mean()).item()
