@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="synthetic:llama-2-7b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--weights-dtype", default="auto", help="as the backend's flag")
+    p.add_argument("--int4-group-size", type=int, default=32)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--warmup", type=int, default=10, help="decode steps before measuring")
@@ -83,8 +85,8 @@ def profile_batch(engine: LLMEngine, last: _LastStep, batch: int, a: argparse.Na
     try:
         for _ in range(10 * batch + 100):  # prefill (chunked) until all B decode together
             prof.run_step(engine.step)
-            s = last.stats
-            if s.num_prefill_tokens == 0 and s.num_decode_tokens == batch:
+            s = last.stats  # None until a step is observed (a step later with overlap)
+            if s is not None and s.num_prefill_tokens == 0 and s.num_decode_tokens == batch:
                 break
         for _ in range(a.warmup):
             prof.run_step(engine.step)
@@ -142,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         source = dataclasses.replace(source, config=source.config.model_copy(
             update={"num_hidden_layers": a.num_layers}))
     last = _LastStep()
-    config = EngineConfig(device=a.device, dtype=a.dtype, max_num_seqs=max(a.batch),
+    config = EngineConfig(device=a.device, dtype=a.dtype, weights_dtype=a.weights_dtype,
+                          int4_group_size=a.int4_group_size, max_num_seqs=max(a.batch),
                           max_num_batched_tokens=max(2048, a.prompt_tokens),
                           kv_cache_memory_gib=a.kv_cache_memory, cuda_graph=a.cuda_graph,
                           max_model_len=a.max_model_len)
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for batch in a.batch:
         r = profile_batch(engine, last, batch, a, source.config.vocab_size, gpm)
+        r["weights"] = engine.stats().weights_format
         if a.steps == 0:
             print(json.dumps(r), flush=True)
             continue
@@ -171,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         (a.out / f"profile-b{batch}.json").write_text(json.dumps(r, indent=1) + "\n")
         print(f"== batch {batch}\n{render(r)}", flush=True)
         rows.append(r)
+    if not rows:  # --steps 0: the JSON lines above are the result
+        return 0
     print(f"{'batch':>5} {'gap':>7} {'memcpy':>7} {'k/step':>7} {'step ms':>8} "
           f"{'in capture':>10} {'tok/s':>8} {'util':>5} {'SM act':>6}")
     for r in rows:

@@ -41,4 +41,6 @@ def pack(weight: torch.Tensor) -> torch.ScriptObject:
 
 def matmul(x: torch.Tensor, packed: torch.ScriptObject) -> torch.Tensor:
     """x [M, K] float32 @ W.T -> [M, N] float32."""
-    return torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), packed)
+    # the overload itself: the packet's call first scans its arguments for fake script
+    # objects (a step's 121 calls for SmolLM2 at batch 1: 22.8 -> 22.2 ms, 2-core VM)
+    return torch.ops.quantized.linear_dynamic_fp16.default(x.contiguous(), packed)
