@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "less memory for ncu to save and restore)")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlap scheduling (default: the engine's, on CUDA only)")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/profiles"))
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                           int4_group_size=a.int4_group_size, max_num_seqs=max(a.batch),
                           max_num_batched_tokens=max(2048, a.prompt_tokens),
                           kv_cache_memory_gib=a.kv_cache_memory, cuda_graph=a.cuda_graph,
-                          max_model_len=a.max_model_len)
+                          async_scheduling=a.async_scheduling, max_model_len=a.max_model_len)
     engine = LLMEngine(config, source, step_observer=last)
     gpm = None
     if engine.runner.device.type == "cuda":
