@@ -61,11 +61,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 class _LastStep:
+    """The latest step's statistics, and since ``reset`` how many steps were observed and
+    the fewest decodes one had."""
+
     def __init__(self) -> None:
         self.stats: StepStats | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps, self.min_decodes = 0, None
 
     def __call__(self, stats: StepStats) -> None:
-        self.stats = stats
+        self.stats, self.steps = stats, self.steps + 1
+        n = stats.num_decode_tokens
+        self.min_decodes = n if self.min_decodes is None else min(self.min_decodes, n)
 
 
 def _sync(device: torch.device) -> None:
@@ -73,10 +82,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _check_whole_batch(last: _LastStep, batch: int, steps: int) -> None:
+    """Every step since ``last.reset()`` decoded the whole batch (with overlap scheduling
+    the latest step is observed one step late)."""
+    if last.steps < steps - 1 or last.min_decodes != batch:
+        raise RuntimeError(f"the batch of {batch} shrank while measured: raise --max-model-len")
+
+
 def profile_batch(engine: LLMEngine, last: _LastStep, batch: int, a: argparse.Namespace,
                   vocab: int, gpm: GpmDevice | None) -> dict:
     rng = random.Random(a.seed + batch)
-    total = a.warmup + a.baseline + a.steps + 8
+    # As many tokens as fit (the requests are aborted at the end): the early requests decode
+    # while later prompts prefill, and none may finish while the steps are measured.
+    total = a.max_model_len - a.prompt_tokens
     ids = [f"b{batch}-{i}" for i in range(batch)]
     for rid in ids:
         prompt = [rng.randrange(3, vocab) for _ in range(a.prompt_tokens)]
@@ -95,6 +113,7 @@ def profile_batch(engine: LLMEngine, last: _LastStep, batch: int, a: argparse.Na
         _sync(device)
         if gpm is not None and gpm.available:
             gpm.read()  # starts the GPM interval at the baseline
+        last.reset()
         t0 = time.perf_counter()
         base = []
         for _ in range(a.baseline):
@@ -102,6 +121,7 @@ def profile_batch(engine: LLMEngine, last: _LastStep, batch: int, a: argparse.Na
             prof.run_step(engine.step)
             base.append(time.perf_counter() - s0)
         base_s = time.perf_counter() - t0
+        _check_whole_batch(last, batch, a.baseline)
         reading = gpm.read().as_dict() if gpm is not None and gpm.available else None
         if a.steps == 0:
             return {"batch_size": batch, "baseline_only": True,
@@ -109,6 +129,7 @@ def profile_batch(engine: LLMEngine, last: _LastStep, batch: int, a: argparse.Na
         done = threading.Event()
         box: list = []
         a.out.mkdir(parents=True, exist_ok=True)
+        last.reset()
         prof.start(CaptureJob(a.steps, a.out, lambda r: (box.append(r), done.set()),
                               name=f"trace-b{batch}", cuda=device.type == "cuda"))
         for _ in range(a.steps):
@@ -121,7 +142,7 @@ def profile_batch(engine: LLMEngine, last: _LastStep, batch: int, a: argparse.Na
     finally:
         for rid in ids:
             engine.abort_request(rid)
-    assert last.stats.num_decode_tokens == batch, "the batch shrank during the measurement"
+    _check_whole_batch(last, batch, a.steps)
     base.sort()
     report["batch_size"] = batch
     during = report["capture"]["step_ms_during"]

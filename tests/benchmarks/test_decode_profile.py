@@ -19,3 +19,12 @@ def test_baseline_steps_with_and_without_overlap_scheduling(tmp_path, capsys, ov
     assert [r["batch_size"] for r in lines] == [1, 3]
     for r in lines:
         assert r["baseline_only"] and r["step_ms_mean"] > 0 and r["weights"] == "int8"
+
+
+def test_a_batch_that_finishes_while_measured_is_an_error(tmp_path):
+    """Four tokens fit the context: the requests end during the baseline, whose step times
+    would then be those of a smaller batch."""
+    with pytest.raises(RuntimeError, match="shrank"):
+        main(["--model", "synthetic:tiny", "--device", "cpu", "--batch", "2",
+              "--prompt-tokens", "12", "--max-model-len", "16", "--warmup", "1",
+              "--baseline", "5", "--steps", "0", "--out", str(tmp_path)])
