@@ -1,8 +1,0 @@
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1; export PYTHONPATH=/tmp/site:$PWD; export PATH=/tmp/site/bin:$PATH
-date -u
-for w in "bf16 128" "int4 128" "int8 128" "bf16 128"; do set -- $w
-timeout 120 python3 -m benchmarks.decode_profile --model synthetic:llama-2-7b --device cuda --dtype bfloat16 --weights-dtype $1 --int4-group-size $2 --batch 1 64 --prompt-tokens 512 --warmup 10 --baseline 50 --steps 0 --max-model-len 1024 --out $OUT/x 2>&1 | grep baseline_only | tee -a $OUT/engine-ctx512.jsonl; done
-date -u
-timeout 300 python3 REF/reference_decode.py --model-py REF/model.py --preset 7B --batch 1,64 --prompt 512 --out 64 > $OUT/ref.log 2>&1; echo ref rc=$?
-tail -2 $OUT/ref.log
-date -u
