@@ -308,12 +308,10 @@ def main(argv: list[str] | None = None) -> int:
                                           tokenizer.decode)))
         result["load_end"] = _load()
         result["peer"] = result.pop("backend")
-        if not args.first_request_only:
-            result["summary"] = {"peer": _summary(result["peer"])}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        print(json.dumps(result.get("summary", result["first_request"]), indent=1))
-        return 0
+        if args.first_request_only:
+            return _finish(result, args.out, result["first_request"])
+        result["summary"] = {"peer": _summary(result["peer"])}
+        return _finish(result, args.out, result["summary"])
     spawned = time.perf_counter()
     proc, base, _ = start_backend(args)
     start_s = time.perf_counter() - spawned
@@ -340,10 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_process(proc, grace_s=60)
     result["load_end"] = _load()
     if args.first_request_only:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        print(json.dumps({"start_s": start_s, **result["first_request"]}, indent=1))
-        return 0
+        return _finish(result, args.out, {"start_s": start_s, **result["first_request"]})
     result["summary"] = {k: _summary(result[k]) for k in ("backend", "transformers")
                          if k in result}
     if "transformers" in result:
@@ -353,9 +348,14 @@ def main(argv: list[str] | None = None) -> int:
             "decode_batch1": b["decode_tok_s_median"] / t["decode_tok_s_median"],
             f"aggregate_{args.concurrency}": b["aggregate_tok_s_median"]
             / t["aggregate_tok_s_median"]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps(result["summary"], indent=1))
+    return _finish(result, args.out, result["summary"])
+
+
+def _finish(result: dict, out: str, shown: dict) -> int:
+    """Writes the whole result to ``out`` and prints ``shown``."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(shown, indent=1))
     return 0
 
 
