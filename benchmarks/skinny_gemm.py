@@ -29,12 +29,15 @@ import time
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 from backend import model as model_module
 from backend.layers import fused_ops, pdl, skinny_gemm
+from backend.layers import quant_kernels as qk
 from backend.layers.gemv import ADD_NORM, SILU_MUL, Prologue
 from benchmarks.one_token_gemv import (SHAPES_7B, chain_level, checked_time, cublas_baselines,
                                        unfused)
+from backend.layers.quantize import quantize_int8
 from benchmarks.quant import copies_past_l2, engine_level
 from benchmarks.quant_sweep import copy_gbs
 
@@ -70,14 +73,14 @@ def _inputs(kind: int, M: int, K: int, device, dtype) -> tuple[torch.Tensor, Pro
 def _warm(args: tuple) -> list[str]:
     """Compile one shape's variants at one token count in a worker (Triton's disk cache
     keeps them for the timing process)."""
-    (name, N, K, _), M, smoke = args
+    (name, N, K, _), M, smoke, weights = args
     device = torch.device("cpu" if smoke else "cuda")
     x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
-    w = torch.randn(N, K, device=device, dtype=torch.bfloat16)
+    w, s = _weight(N, K, device, torch.bfloat16, weights)
     errors = []
     for cfg in configs():
         try:
-            skinny_gemm.skinny_gemm(x, w, None, cfg)
+            _skinny(x, (w, s), cfg)
         except Exception as exc:
             errors.append(f"{M} {name} {cfg}: {exc!r}"[:300])
     if not smoke:
@@ -85,34 +88,61 @@ def _warm(args: tuple) -> list[str]:
     return errors
 
 
-def precompile(shapes, rows, smoke: bool, workers: int) -> list[str]:
-    jobs = [(s, m, smoke) for s in shapes for m in rows]
+def precompile(shapes, rows, smoke: bool, workers: int, weights: str = "bf16") -> list[str]:
+    jobs = [(s, m, smoke, weights) for s in shapes for m in rows]
     if smoke:
         return [e for job in jobs for e in _warm(job)]
     with mp.get_context("spawn").Pool(min(workers, len(jobs))) as pool:
         return [e for errs in pool.map(_warm, jobs) for e in errs]
 
 
-def _skinny(x: torch.Tensor, w: torch.Tensor, cfg: dict | None) -> torch.Tensor:
-    return skinny_gemm.skinny_gemm(x, w, None, cfg)
+def _weight(N: int, K: int, device, dtype, weights: str
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A random [N, K] weight: bf16, or (weights "int8") its int8 codes and scales."""
+    w = torch.randn(N, K, device=device, dtype=dtype) * 0.02
+    if weights == "bf16":
+        return w, None
+    q, s = quantize_int8(w)
+    return q, s.to(dtype)
 
 
-def layer_level(shapes, rows, device, dtype) -> tuple[list[dict], dict]:
+def _skinny(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor | None], cfg: dict | None
+            ) -> torch.Tensor:
+    return skinny_gemm.skinny_gemm(x, w[0], None, cfg, scale=w[1])
+
+
+def layer_level(shapes, rows, device, dtype, weights: str = "bf16"
+                ) -> tuple[list[dict], dict]:
+    """Per shape and token count: cuBLAS bf16 (and the prologue before it), every tile of
+    the few-token kernel on ``weights`` (bf16, or int8 codes: then also the committed
+    int8 GEMM, ``quant_kernels.int8_matmul``), weights rotated past L2."""
     out, picks = [], {}
     for name, N, K, kind in shapes:
         n = copies_past_l2(N * K * 2)
         ws = [torch.randn(N, K, device=device, dtype=dtype) * 0.02 for _ in range(n)]
+        qs = ([(w, None) for w in ws] if weights == "bf16" else
+              [_weight(N, K, device, dtype, weights) for _ in range(copies_past_l2(N * K))])
         for M in rows:
             x, pro = _inputs(kind, M, K, device, dtype)
             row = {"shape": name, "M": M, "N": N, "K": K, "prologue": kind, "copies": n,
-                   "weight_mb": round(N * K * 2 / 1e6, 1)}
+                   "weight_mb": round(N * K * 2 / 1e6, 1), "weights": weights}
             times, ref = cublas_baselines(x, pro, ws, device)
             row.update(times)
             committed = skinny_gemm.config_for(M, N, K)
             timed, failed = {}, {}
+            if weights != "bf16":
+                q0, s0 = qs[0]
+                ref = unfused(x, pro, partial(F.linear, weight=q0.to(dtype) * s0[:, None]))
+                ref = ref.float()
+                calls = [partial(unfused, x, pro, partial(qk.int8_matmul, q=q, scale=s))
+                         for q, s in qs]
+                # (the interpreter's tl.dot misreads bf16: the int8 GEMM only on CUDA)
+                row["int8_gemm_us"] = (checked_time(calls, ref, device)
+                                       if device.type == "cuda" else None)
+                committed = None
             for cfg in configs() + ([None] if committed else []):
                 key = "committed" if cfg is None else json.dumps(cfg, sort_keys=True)
-                calls = [partial(unfused, x, pro, partial(_skinny, w=w, cfg=cfg)) for w in ws]
+                calls = [partial(unfused, x, pro, partial(_skinny, w=w, cfg=cfg)) for w in qs]
                 try:
                     timed[key] = checked_time(calls, ref, device)
                 except Exception as exc:
@@ -124,7 +154,7 @@ def layer_level(shapes, rows, device, dtype) -> tuple[list[dict], dict]:
                        best_us=variants[best], committed=committed,
                        committed_us=timed.get("committed"))
             out.append(row)
-        del ws
+        del ws, qs
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return out, picks
@@ -160,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--install", action="store_true",
                     help="run the chain and engine with this run's picks, not the committed")
+    ap.add_argument("--weights", default="bf16", choices=("bf16", "int8"),
+                    help="the weights the few-token kernel reads (int8: codes and scales, "
+                         "against the int8 GEMM and cuBLAS bf16; no chain or install)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -170,15 +203,15 @@ def main(argv: list[str] | None = None) -> None:
     result: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "rows": rows, "pdl": pdl.enabled(device)}
     result["copy_gbs"] = copy_gbs(device)
-    result["compile_errors"] = precompile(shapes, rows, args.smoke, args.workers)
+    result["compile_errors"] = precompile(shapes, rows, args.smoke, args.workers, args.weights)
     result["compile_s"] = round(time.perf_counter() - t0, 1)
-    layers, picks = layer_level(shapes, rows, device, dtype)
+    layers, picks = layer_level(shapes, rows, device, dtype, args.weights)
     result["layers"] = layers
     result["picks"] = {f"{m}x{n}x{k}": c for (m, n, k), c in picks.items()}
     _write(args.json, result)
-    if args.install:
+    if args.install and args.weights == "bf16":
         skinny_gemm.CONFIGS.update(picks)
-    if not args.smoke:
+    if not args.smoke and args.weights == "bf16":
         result["chain"] = []
         variants = {name: dataclasses.replace(fused_ops.TRITON, few_token_matmul=on)
                     for name, on in (("cublas", False), ("skinny", True))}
@@ -195,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
           f"({result['compile_s']} s)")
     for r in layers:
         committed = f"{r['committed_us']:7.1f}" if r["committed_us"] else "   (cuBLAS)"
+        if r.get("int8_gemm_us"):
+            committed = f"{r['int8_gemm_us']:7.1f} (int8 GEMM)"
         print(f"M={r['M']:3d} {r['shape']:8s} cublas {r['cublas_us']:7.1f} prologue+cublas "
               f"{r['unfused_us']:7.1f} prologue+skinny committed {committed} best "
               f"{r['best_us']:7.1f} {r['best']}")

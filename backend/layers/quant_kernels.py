@@ -44,7 +44,7 @@ try:
 except ImportError:  # CPU-only installs: the CPU packed ops need no Triton
     triton = None
 
-from backend.layers import pdl
+from backend.layers import pdl, skinny_gemm
 from backend.layers.gpu import multiprocessors
 from backend.layers.gemv import Prologue
 from backend.layers.splits import added_in_kernel, finish_splits, split_out
@@ -573,6 +573,9 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     M, K = x.shape
     N = q.shape[0]
     x = x.contiguous()
+    tile = None if config else skinny_gemm.int8_config_for(M, N, K)
+    if tile is not None:  # a measured few-token tile (TMA loads) beats the GEMM below
+        return skinny_gemm.skinny_gemm(x, q, None, tile, scale=scale)
     cfg = config or CONFIGS["int8"][_bucket(M)]
     block_m = max(16, _bucket(M))  # a GEMM config at M = 1 pads to 16 rows
     if M == 1 and "MAGIC" in cfg:  # GEMV configs carry MAGIC, GEMM configs SPLIT_K

@@ -73,6 +73,18 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (128, 32000, 4096): dict(_T, BLOCK_K=64, STAGES=5, SWAP=0, num_warps=8),
 }
 DEFAULT = {16: dict(_T, BLOCK_N=64, SPLIT=0), 32: dict(_T, BLOCK_N=64, SPLIT=0)}
+# int8 codes (``quant_kernels.int8_matmul``), per (BLOCK_M, N, K): the fastest tiles of
+# ``benchmarks.skinny_gemm --weights int8`` on an H200 (Llama-2-7B, weights rotated past
+# L2, prologue kernel before each), all TMA, each ahead of the int8 GEMM (qkv 26.7 vs
+# 29.9 us, o 12.4 vs 15.5, gate_up 42.3 vs 48.2, down 28.0 vs 36.2, LM head 56.8 vs
+# 82.9). Other shapes and token counts run the int8 GEMM.
+INT8_CONFIGS: dict[tuple[int, int, int], dict] = {
+    (64, 12288, 4096): dict(_T, BLOCK_K=64, SPLIT=4, SWAP=0, TMA=1),
+    (64, 4096, 4096): dict(_T, BLOCK_N=64, SPLIT=4, TMA=1),
+    (64, 22016, 4096): dict(_T, BLOCK_K=64, SPLIT=2, SWAP=0, TMA=1),
+    (64, 4096, 11008): dict(_T, BLOCK_N=64, BLOCK_K=64, STAGES=6, SPLIT=4, SWAP=0, TMA=1),
+    (64, 32000, 4096): dict(_T, TMA=1),
+}
 
 
 def bucket(M: int) -> int:
@@ -86,10 +98,16 @@ def config_for(M: int, N: int, K: int) -> dict | None:
     return CONFIGS.get((bm, N, K), DEFAULT.get(bm))
 
 
+def int8_config_for(M: int, N: int, K: int) -> dict | None:
+    """The tile for M rows of [N, K] int8 codes, or None where the int8 GEMM runs."""
+    return INT8_CONFIGS.get((bucket(M), N, K)) if 2 <= M <= MAX_M else None
+
+
 if triton is not None:
     @triton.jit
-    def _skinny_gemm(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_SPLIT,
-                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _skinny_gemm(x_ptr, w_ptr, b_ptr, s_ptr, y_ptr, M, N, K, K_SPLIT,
+                     HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
                      PARTIAL: tl.constexpr, SWAP: tl.constexpr, TMA: tl.constexpr,
                      F32_DOT: tl.constexpr, PDL: tl.constexpr):
@@ -100,7 +118,8 @@ if triton is not None:
         # descriptors of [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K] boxes: the tiles come by
         # the copy engine (Hopper's TMA; zero-filled past the edges, no address arithmetic
         # or masks per element). F32_DOT: multiply in fp32 (the interpreter's tl.dot reads
-        # bf16 operands as raw integers).
+        # bf16 operands as raw integers). SCALED: W = q * scale[n] with q int8 codes,
+        # widened to x's dtype in registers (exact) and the scale applied to the sums.
         pdl_wait(PDL)
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -128,6 +147,8 @@ if triton is not None:
                 a = tl.load(x_ptr + rm[:, None] * K + k, mask=rows & (k < k_hi), other=0.0)
             if F32_DOT:
                 a, w = a.to(tl.float32), w.to(tl.float32)
+            elif SCALED:
+                w = w.to(a.dtype)
             if SWAP:
                 acc = tl.dot(w, tl.trans(a), acc)
             else:
@@ -135,6 +156,8 @@ if triton is not None:
         pdl_release(PDL)
         if SWAP:
             acc = tl.trans(acc)  # [BM, BN]
+        if SCALED:
+            acc *= tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         if HAS_BIAS:
             b = tl.load(b_ptr + rn, mask=rn < N, other=0.0) * (pid_k == 0).to(tl.float32)
             acc += b[None, :]
@@ -166,9 +189,11 @@ def _auto_split(N: int, bn: int, steps: int, device: torch.device) -> int:
 
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                config: dict | None = None) -> torch.Tensor:
+                config: dict | None = None, scale: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T (+ bias) -> [M, N] for 2 <= M <= MAX_M (``config``: a
-    tile to try; by default the shape's)."""
+    tile to try; by default the shape's). With ``scale`` [N], weight holds int8 codes and
+    W = weight * scale[:, None]."""
     (M, K), N = x.shape, weight.shape[0]
     assert weight.shape[1] == K and x.is_contiguous() and weight.is_contiguous()
     cfg = config or config_for(M, N, K)
@@ -185,8 +210,9 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     xa, wa = ((TensorDescriptor.from_tensor(x, [bucket(M), bk]),
                TensorDescriptor.from_tensor(weight, [bn, bk])) if tma else (x, weight))
     _skinny_gemm[(triton.cdiv(N, bn), split)](
-        xa, wa, bias if bias is not None else weight, out, M, N, K, per,
-        HAS_BIAS=bias is not None, BLOCK_M=bucket(M), BLOCK_N=bn, BLOCK_K=bk,
+        xa, wa, bias if bias is not None else weight, scale if scale is not None else weight,
+        out, M, N, K, per, HAS_BIAS=bias is not None, SCALED=scale is not None,
+        BLOCK_M=bucket(M), BLOCK_N=bn, BLOCK_K=bk,
         STAGES=cfg["STAGES"], EVEN=N % bn == 0 and K % per == 0, PARTIAL=split > 1,
         SWAP=cfg["SWAP"], TMA=tma, F32_DOT=INTERPRET, **opts, **pdl.launch(x.device))
     return finish_splits(y, out, split)

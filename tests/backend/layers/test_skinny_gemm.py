@@ -129,3 +129,46 @@ def test_matmul_takes_the_few_token_kernel_where_the_step_ops_ask(kind, monkeypa
         assert torch.equal(carried, want_res)
     else:
         assert carried is None and want_res is None
+
+
+@pytest.mark.parametrize("M, N, K", [(2, 48, 96), (33, 64, 128)])
+def test_int8_codes_match_their_dequantised_weight(M, N, K) -> None:
+    """int8 codes with a scale per output row: the tile widens the codes (exact) and scales
+    the sums, so it equals the matmul with the dequantised weight, in every tile shape."""
+    from backend.layers.quantize import quantize_int8
+
+    x = _rand(M, K, seed=12)
+    q, scale = quantize_int8(_rand(N, K, dtype=torch.float32, seed=13) * 0.1)
+    scale = scale.to(torch.bfloat16)
+    want = x.float() @ (q.float() * scale.float()[:, None]).t()
+    for cfg in CONFIGS:
+        y = skinny_gemm.skinny_gemm(x, q, None, cfg, scale=scale)
+        assert y.shape == (M, N) and y.dtype == torch.bfloat16
+        torch.testing.assert_close(y.float(), want, atol=2e-2, rtol=1e-2)
+
+
+def test_int8_matmul_takes_a_measured_tile(monkeypatch) -> None:
+    """``quant_kernels.int8_matmul`` runs the few-token kernel for a bucket and shape with an
+    int8 tile (the Llama-2-7B shapes at 64 rows), the int8 GEMM elsewhere."""
+    from backend.layers import quant_kernels
+    from backend.layers.quantize import quantize_int8
+
+    if not quant_kernels.AVAILABLE:
+        pytest.skip("needs the Triton kernels")
+    assert skinny_gemm.int8_config_for(64, 12288, 4096)["TMA"]
+    assert skinny_gemm.int8_config_for(1, 12288, 4096) is None  # one token: the GEMV
+    assert skinny_gemm.int8_config_for(16, 12288, 4096) is None  # not measured: the GEMM
+    M, N, K = 20, 48, 96
+    monkeypatch.setitem(skinny_gemm.INT8_CONFIGS, (32, N, K), CONFIGS[1])
+    calls = []
+    real = skinny_gemm.skinny_gemm
+    monkeypatch.setattr(skinny_gemm, "skinny_gemm",
+                        lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
+    x = _rand(M, K, dtype=torch.float32, seed=14)
+    q, scale = quantize_int8(_rand(N, K, dtype=torch.float32, seed=15) * 0.1)
+    want = x @ (q.float() * scale[:, None]).t()
+    torch.testing.assert_close(quant_kernels.int8_matmul(x, q, scale), want, atol=1e-3,
+                               rtol=1e-3)
+    assert calls == [CONFIGS[1]]
+    quant_kernels.int8_matmul(x[:16], q, scale)  # the 16-row bucket has no tile
+    assert calls == [CONFIGS[1]]
