@@ -134,7 +134,9 @@ def layer_level(shapes, rows, device, dtype, weights: str = "bf16"
                 q0, s0 = qs[0]
                 ref = unfused(x, pro, partial(F.linear, weight=q0.to(dtype) * s0[:, None]))
                 ref = ref.float()
-                calls = [partial(unfused, x, pro, partial(qk.int8_matmul, q=q, scale=s))
+                gemm = qk.CONFIGS["int8"][skinny_gemm.bucket(M)]  # never a committed tile
+                calls = [partial(unfused, x, pro,
+                                 partial(qk.int8_matmul, q=q, scale=s, config=gemm))
                          for q, s in qs]
                 # (the interpreter's tl.dot misreads bf16: the int8 GEMM only on CUDA)
                 row["int8_gemm_us"] = (checked_time(calls, ref, device)

@@ -75,10 +75,21 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
 DEFAULT = {16: dict(_T, BLOCK_N=64, SPLIT=0), 32: dict(_T, BLOCK_N=64, SPLIT=0)}
 # int8 codes (``quant_kernels.int8_matmul``), per (BLOCK_M, N, K): the fastest tiles of
 # ``benchmarks.skinny_gemm --weights int8`` on an H200 (Llama-2-7B, weights rotated past
-# L2, prologue kernel before each), all TMA, each ahead of the int8 GEMM (qkv 26.7 vs
-# 29.9 us, o 12.4 vs 15.5, gate_up 42.3 vs 48.2, down 28.0 vs 36.2, LM head 56.8 vs
-# 82.9). Other shapes and token counts run the int8 GEMM.
+# L2, prologue kernel before each), every one ahead of the int8 GEMM: at 64 rows qkv 26.7
+# vs 29.9 us, o 12.4 vs 15.5, gate_up 42.3 vs 48.2, down 28.0 vs 36.2, LM head 56.8 vs
+# 82.9; at 16 / 32 rows a Llama block 77.9 / 95.5 vs 101.5 / 149.6. Other shapes and token
+# counts run the int8 GEMM.
 INT8_CONFIGS: dict[tuple[int, int, int], dict] = {
+    (16, 12288, 4096): dict(_T, STAGES=3, SPLIT=4, SWAP=0, num_warps=8),
+    (16, 4096, 4096): dict(_T, BLOCK_N=32, BLOCK_K=256, STAGES=3, SPLIT=2, SWAP=0),
+    (16, 22016, 4096): dict(_T, BLOCK_N=64, SWAP=0),
+    (16, 4096, 11008): dict(_NARROW_TMA, SPLIT=4),
+    (16, 32000, 4096): dict(_T, BLOCK_N=256, STAGES=3, SPLIT=2, SWAP=0, num_warps=8),
+    (32, 12288, 4096): dict(_T, SPLIT=4, SWAP=0, TMA=1),
+    (32, 4096, 4096): dict(_NARROW_TMA, SPLIT=2),
+    (32, 22016, 4096): dict(_T, SPLIT=2, SWAP=0, TMA=1),
+    (32, 4096, 11008): dict(_T, BLOCK_N=64, BLOCK_K=256, STAGES=3, SPLIT=4),
+    (32, 32000, 4096): dict(_T, BLOCK_N=64, SWAP=0),
     (64, 12288, 4096): dict(_T, BLOCK_K=64, SPLIT=4, SWAP=0, TMA=1),
     (64, 4096, 4096): dict(_T, BLOCK_N=64, SPLIT=4, TMA=1),
     (64, 22016, 4096): dict(_T, BLOCK_K=64, SPLIT=2, SWAP=0, TMA=1),

@@ -149,7 +149,7 @@ def test_int8_codes_match_their_dequantised_weight(M, N, K) -> None:
 
 def test_int8_matmul_takes_a_measured_tile(monkeypatch) -> None:
     """``quant_kernels.int8_matmul`` runs the few-token kernel for a bucket and shape with an
-    int8 tile (the Llama-2-7B shapes at 64 rows), the int8 GEMM elsewhere."""
+    int8 tile (the Llama-2-7B shapes at 16, 32 and 64 rows), the int8 GEMM elsewhere."""
     from backend.layers import quant_kernels
     from backend.layers.quantize import quantize_int8
 
@@ -157,7 +157,8 @@ def test_int8_matmul_takes_a_measured_tile(monkeypatch) -> None:
         pytest.skip("needs the Triton kernels")
     assert skinny_gemm.int8_config_for(64, 12288, 4096)["TMA"]
     assert skinny_gemm.int8_config_for(1, 12288, 4096) is None  # one token: the GEMV
-    assert skinny_gemm.int8_config_for(16, 12288, 4096) is None  # not measured: the GEMM
+    assert skinny_gemm.int8_config_for(16, 12288, 4096) is not None  # 16, 32, 64 rows
+    assert skinny_gemm.int8_config_for(100, 12288, 4096) is None  # not measured: the GEMM
     M, N, K = 20, 48, 96
     monkeypatch.setitem(skinny_gemm.INT8_CONFIGS, (32, N, K), CONFIGS[1])
     calls = []
