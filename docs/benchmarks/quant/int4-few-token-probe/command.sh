@@ -1,3 +1,6 @@
+# Ran on the H200 2026-12-03 07:11-07:15 UTC on the tree with few-token-int4.patch applied.
+# .ref/dp_skinny_picks.py was ../int8-few-token/rows-16-32/dp_skinny_picks.py with an int4 branch
+# (install picks into skinny_gemm.INT4_CONFIGS); no int4 tile beat the int4 GEMM, so none was installed.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 date -u
