@@ -7,7 +7,9 @@ streams [BLOCK_N, BLOCK_K] weight tiles once, pipelined, and multiplies each wit
 step's rows ([BLOCK_M, BLOCK_K], from L2). Layers with few output rows (o, down: 4096)
 split K so every multiprocessor has work; the fp32 partial sums are added by one more small
 kernel (``finish_splits``). The kernels launch with programmatic dependent launch
-(``pdl``), so the norm / SiLU·mul kernel before each matmul overlaps its tail.
+(``pdl``), so the norm / SiLU·mul kernel before each matmul overlaps its tail. The same
+kernel reads int8 codes (``quant_kernels.int8_matmul`` where ``INT8_CONFIGS`` has a tile),
+widening each tile in registers and scaling the sums per output row.
 
 Tiles come from ``benchmarks.skinny_gemm`` per (BLOCK_M, N, K): a shape runs here only where
 the measured tile beat cuBLAS (the step ops' prologue kernel before both), else cuBLAS.
@@ -207,7 +209,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     W = weight * scale[:, None]."""
     (M, K), N = x.shape, weight.shape[0]
     assert weight.shape[1] == K and x.is_contiguous() and weight.is_contiguous()
-    cfg = config or config_for(M, N, K)
+    cfg = config or (int8_config_for(M, N, K) if scale is not None else config_for(M, N, K))
     if cfg is None:
         raise ValueError(f"no few-token tile for {M} rows of a [{N}, {K}] weight (see runs())")
     bn, bk = cfg["BLOCK_N"], min(cfg["BLOCK_K"], triton.next_power_of_2(K))
