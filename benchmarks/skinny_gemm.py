@@ -35,9 +35,9 @@ from backend import model as model_module
 from backend.layers import fused_ops, pdl, skinny_gemm
 from backend.layers import quant_kernels as qk
 from backend.layers.gemv import ADD_NORM, SILU_MUL, Prologue
+from backend.layers.quantize import dequantize_int8, quantize_int8
 from benchmarks.one_token_gemv import (SHAPES_7B, chain_level, checked_time, cublas_baselines,
                                        unfused)
-from backend.layers.quantize import quantize_int8
 from benchmarks.quant import copies_past_l2, engine_level
 from benchmarks.quant_sweep import copy_gbs
 
@@ -131,9 +131,8 @@ def layer_level(shapes, rows, device, dtype, weights: str = "bf16"
             committed = skinny_gemm.config_for(M, N, K)
             timed, failed = {}, {}
             if weights != "bf16":
-                q0, s0 = qs[0]
-                ref = unfused(x, pro, partial(F.linear, weight=q0.to(dtype) * s0[:, None]))
-                ref = ref.float()
+                w0 = dequantize_int8(*qs[0]).to(dtype)
+                ref = unfused(x, pro, partial(F.linear, weight=w0)).float()
                 gemm = qk.CONFIGS["int8"][skinny_gemm.bucket(M)]  # never a committed tile
                 calls = [partial(unfused, x, pro,
                                  partial(qk.int8_matmul, q=q, scale=s, config=gemm))
