@@ -109,6 +109,13 @@ def variants(fmt: str, M: int) -> list[dict]:
         out = [_v("triton", BLOCK_N=bn, GROUPS=gr, SPLIT_K=sk, MAGIC=m, num_warps=w,
                   num_stages=st, SWAP=sw, SPLIT_TARGET=tg)
                for bn, gr, sk, m, w, st, sw, tg in rows]
+        # stream-K (STREAM_K programs per multiprocessor): (BLOCK_N, GROUPS, warps, stages)
+        # (shapes with fewer tiles than multiprocessors run the tile grid, SPLIT_TARGET 1)
+        out += [_v("triton", BLOCK_N=bn, GROUPS=gr, SPLIT_K=0, MAGIC=3, num_warps=w,
+                   num_stages=st, SWAP=1, SPLIT_TARGET=1, STREAM_K=p)
+                for bn, gr, w, st, p in ((64, 1, 4, 3, 1), (64, 1, 4, 3, 2), (64, 1, 4, 2, 2),
+                                         (64, 1, 4, 2, 3), (128, 1, 8, 3, 1),
+                                         (64, 2, 4, 3, 2))]
     return out + [_v("tinygemm", inner_k_tiles=t) for t in ((2, 8) if M == 1 else (8,))]
 
 

@@ -53,6 +53,10 @@ _CHECK = textwrap.dedent("""
     gemm4 = [dict(BLOCK_N=16, GROUPS=gr, SPLIT_K=sk, MAGIC=m, SWAP=sw, num_warps=4,
                   num_stages=3)
              for gr, sk, m, sw in ((1, 1, 0, 0), (2, 2, 3, 1), (1, 0, 2, 1), (2, 3, 0, 1))]
+    # stream-K: every tile cut into pieces (fewer units than programs), one or two groups
+    # a step
+    gemm4 += [dict(BLOCK_N=16, GROUPS=gr, MAGIC=m, SWAP=1, STREAM_K=2, STREAM_K_FROM=0,
+                   num_warps=4, num_stages=3) for gr, m in ((1, 3), (2, 0))]
     for N, K, G in ((48, 256, 32), (40, 192, 32), (64, 512, 64), (32, 512, 128)):
         w = torch.randn(N, K, generator=gen) * 0.1
         q, s = quantize_int8(w)
