@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.layers import cpu_dequant, cpu_fp16, fp8_matmul, gemv, quant_kernels, skinny_gemm
+from backend.layers import (cpu_dequant, cpu_fp16, fp8_matmul, gemv, gpu_dequant, quant_kernels,
+                            skinny_gemm)
 from backend.layers.fused_ops import StepOps
 from backend.layers.gemv import SILU_MUL, Prologue
 from backend.layers.quantize import (GroupQuantized, check_group, dequantize_fp8, dequantize_int8,
@@ -457,7 +458,7 @@ class Int8Linear(_QuantizedLinear):
         elif quant_kernels.AVAILABLE and x.shape[0] <= TRITON_MAX_M:
             y = quant_kernels.int8_matmul(x, self.q, self.scale)
         else:
-            y = F.linear(x, self.q.to(x.dtype) * self.scale.unsqueeze(1))
+            y = F.linear(x, gpu_dequant.int8_dense(self.q, self.scale, x.dtype))
         return self._add_bias(y)  # [T, N]
 
     def one_token(self, x: torch.Tensor, prologue: Prologue
@@ -550,7 +551,7 @@ class Int4Linear(_QuantizedLinear):
         elif self.triton and x.shape[0] <= TRITON_MAX_M:
             y = quant_kernels.int4_matmul(x, self.packed, self.scale, self.min, G)
         else:
-            y = F.linear(x, quant_kernels.dequantize_int4(self.packed, self.scale, self.min, G))
+            y = F.linear(x, gpu_dequant.int4_dense(self.packed, self.scale, self.min, G))
         return self._add_bias(y)  # [T, N]
 
 
