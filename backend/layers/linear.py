@@ -318,6 +318,12 @@ class DenseLinear(Linear):
                 return self._add_bias(cpu_fp16.matmul(x, self._packed))
             return self._add_bias(cpu_dequant.widened_matmul(x, w))
         if w.dtype == x.dtype:
+            if (x.shape[0] == 1 and w.dtype == torch.bfloat16 and self.bias is None
+                    and x.device.type == "cpu"):
+                # One bf16 row on the CPU: torch.mv's GEMV read the weight about 1.5x faster
+                # than F.linear's, with the same bits, on an AVX-512 Xeon VM (SmolLM2's tied
+                # LM head: 1.6 against 2.5 ms)
+                return torch.mv(w, x[0]).unsqueeze(0)
             return F.linear(x, w, self.bias)
         # Weights stored in another dtype than the activations (--weights-dtype fp32 under
         # a bf16 model, ...): the matmul runs in the weights' dtype.
