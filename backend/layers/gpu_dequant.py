@@ -12,11 +12,9 @@ expressions run.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from backend.layers.quant_kernels import dequantize_int4
+from backend.layers.quant_kernels import INTERPRET, dequantize_int4
 
 try:
     import triton
@@ -24,7 +22,6 @@ try:
 except ImportError:  # CPU-only installs
     triton = None
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK_N, BLOCK_COLS = 8, 512  # rows and packed bytes (int4) / codes (int8) per program
 
 if triton is not None:

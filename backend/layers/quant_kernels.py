@@ -734,15 +734,16 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
             EVEN=even, **_launch_opts(cfg, x.device))
         return y
     bn, groups = cfg["BLOCK_N"], cfg["GROUPS"]
-    tiles, sms = triton.cdiv(M, block_m) * triton.cdiv(N, bn), multiprocessors(x.device, 132)
-    if cfg.get("STREAM_K") and tiles >= cfg.get("STREAM_K_FROM", 1) * sms:
+    tiles_n, sms = triton.cdiv(N, bn), multiprocessors(x.device, 132)
+    fill = cfg.get("STREAM_K_FROM", 1) * sms  # tiles from which stream-K takes over
+    if cfg.get("STREAM_K") and triton.cdiv(M, block_m) * tiles_n >= fill:
         # stream-K where whole tiles alone fill every multiprocessor (at 64 tokens on an
         # H200: gate|up 48.3 against 51.8 us, q|k|v 30.6 against 31.4); with fewer tiles
         # (o, down) split-K's whole-tile pieces won (11.8 against 16.0, 26.9 against 30.9)
-        return _int4_stream(x, packed, scale, lo, G, cfg, block_m)
+        return _int4_stream(x, packed, scale, lo, G, cfg, block_m, tiles_n, sms)
     split, j_split = _split_range(cfg, M, N, half, groups * G, block_m, x.device)
     y, out = split_out(x, M, N, split)
-    _int4_gemm[(triton.cdiv(M, block_m), triton.cdiv(N, bn), split)](
+    _int4_gemm[(triton.cdiv(M, block_m), tiles_n, split)](
         x, packed, scale, lo, out, M, N, K, j_split, G=G, BLOCK_M=block_m, BLOCK_N=bn,
         GROUPS=groups, MAGIC=cfg["MAGIC"], PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0),
         **_launch_opts(cfg, x.device))
@@ -750,17 +751,17 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
 
 
 def _int4_stream(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
-                 G: int, cfg: dict, block_m: int) -> torch.Tensor:
-    """The int4 GEMM as stream-K (``_int4_gemm_stream``) on ``STREAM_K`` programs per
-    multiprocessor (fewer where the GEMM has fewer (tile, K step) units)."""
+                 G: int, cfg: dict, block_m: int, tiles_n: int, sms: int) -> torch.Tensor:
+    """The int4 GEMM as stream-K (``_int4_gemm_stream``) over tiles of ``block_m`` rows by
+    BLOCK_N (``tiles_n`` along N), on ``STREAM_K`` programs per multiprocessor (``sms`` of
+    them; fewer where the GEMM has fewer (tile, K step) units)."""
     M, K = x.shape
     N, bn, groups = packed.shape[0], cfg["BLOCK_N"], cfg["GROUPS"]
-    tiles_n = triton.cdiv(N, bn)
     tiles = triton.cdiv(M, block_m) * tiles_n
     if tiles > COUNTERS:
         raise ValueError(f"{tiles} tiles for stream-K: at most {COUNTERS}")
     steps = triton.cdiv(K // 2, groups * G)
-    programs = min(tiles * steps, cfg["STREAM_K"] * multiprocessors(x.device, 132))
+    programs = min(tiles * steps, cfg["STREAM_K"] * sms)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     part = torch.empty(programs * 2 * block_m * bn, device=x.device, dtype=torch.float32)
     _int4_gemm_stream[(programs,)](
