@@ -144,8 +144,9 @@ class Weights:
             g = quantize_int4(w, G)
             packed = qk.pack_int4(g.codes)
             scale, lo = g.scale.to(self.dtype), g.min.to(self.dtype)
-            self.int4[G] = (g.codes, packed, scale, lo)
-            self.ref[f"int4-g{G}"] = qk.dequantize_int4(packed, scale, lo, G).float()
+            sm = qk.pack_scale_min(scale, lo)
+            self.int4[G] = (g.codes, packed, scale, lo, sm)
+            self.ref[f"int4-g{G}"] = qk.dequantize_int4(packed, sm, G).float()
         del w
         self._tiny: dict = {}
         self._copies: dict = {}
@@ -158,7 +159,7 @@ class Weights:
             return [partial(qk.int8_matmul, x, q, self.s, _config(v))
                     for q in self._rotated("int8", self.q)]
         G = int(fmt.split("g")[1])
-        codes, packed, scale, lo = self.int4[G]
+        codes, packed, scale, lo, sm = self.int4[G]
         if v["kind"] == "tinygemm":
             key = (G, v["inner_k_tiles"])
             if key not in self._tiny:
@@ -171,17 +172,21 @@ class Weights:
             wp, sz = self._tiny[key]
             return [partial(torch.ops.aten._weight_int4pack_mm, x, p, G, sz)
                     for p in self._rotated(key, wp)]
-        return [partial(qk.int4_matmul, x, p, scale, lo, G, _config(v))
-                for p in self._rotated(G, packed)]
+        # scales rotated with the codes: the engine reads both from memory
+        return [partial(qk.int4_matmul, x, p, s, G, _config(v))
+                for p, s in zip(self._rotated(G, packed), self._rotated((G, "sm"), sm, packed))]
 
     def bf16_calls(self, x: torch.Tensor) -> list:
         """cuBLAS on x, one call per copy of the bf16 weight (as ``calls``)."""
         return [partial(F.linear, x, w.to(self.dtype)) for w in self._rotated("bf16", self.bf16)]
 
-    def _rotated(self, key, codes: torch.Tensor) -> list[torch.Tensor]:
+    def _rotated(self, key, codes: torch.Tensor, like: torch.Tensor | None = None
+                 ) -> list[torch.Tensor]:
+        """Copies of ``codes``: as many as ``like``'s (default: its own) size asks for."""
         if key not in self._copies:
+            sized = codes if like is None else like
             n = 1 if codes.device.type != "cuda" else copies_past_l2(
-                codes.numel() * codes.element_size(), SWEEP_ROTATE_BYTES)
+                sized.numel() * sized.element_size(), SWEEP_ROTATE_BYTES)
             self._copies[key] = [codes] + [codes.clone() for _ in range(n - 1)]
         return self._copies[key]
 
@@ -227,8 +232,8 @@ def _warm_worker(args: tuple) -> list[str]:
                     qk.int8_matmul(x, q, s, _config(v))
                 else:
                     G = int(fmt.split("g")[1])
-                    sc = torch.rand(N, K // G, device=device, dtype=dtype)
-                    qk.int4_matmul(x, packed, sc, sc, G, _config(v))
+                    sc = torch.rand(N, K // (2 * G), 4, device=device, dtype=dtype)
+                    qk.int4_matmul(x, packed, sc, G, _config(v))
             except Exception as exc:  # the timing pass reports it per variant
                 errors.append(f"{fmt} M={M} {_name(v)}: {exc!r}"[:300])
     if not smoke:

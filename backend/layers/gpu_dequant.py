@@ -26,15 +26,17 @@ BLOCK_N, BLOCK_COLS = 8, 512  # rows and packed bytes (int4) / codes (int8) per 
 
 if triton is not None:
     @triton.jit
-    def _int4_dense_kernel(p_ptr, s_ptr, z_ptr, w_ptr, N, K, G: tl.constexpr,
+    def _int4_dense_kernel(p_ptr, sm_ptr, w_ptr, N, K, G: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
                            WHOLE_GROUPS: tl.constexpr):
         # packed [N, K/2] -> w [N, K]: byte j of a row holds column j (low nibble) and
-        # column j + K/2 (high); scale / min [N, K/G]. w = round(q * scale) + min.
+        # column j + K/2 (high); scale_min [N, K/(2G), 4] (``quant_kernels``): group j of
+        # the low half at 4 (N hg + j), its min next, then the high half's. w = round(q *
+        # scale) + min.
         # WHOLE_GROUPS (G divides BLOCK_J and K/2): one scale and min load per group of the
         # tile, broadcast over its G columns; else one per element.
         half = K // 2
-        ng = K // G
+        hg = half // G
         NG: tl.constexpr = BLOCK_J // G  # groups per tile row (WHOLE_GROUPS)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rj = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -44,19 +46,19 @@ if triton is not None:
             col = rj + hi * half
             q = ((b >> (4 * hi)) & 15).to(tl.float32)
             if WHOLE_GROUPS:
-                gi = tl.program_id(1) * NG + tl.arange(0, NG) + hi * (half // G)
-                gmask = (rn[:, None] < N) & (gi[None, :] < (hi + 1) * (half // G))
-                g = rn[:, None] * ng + gi[None, :]  # [BN, NG]
-                s = tl.load(s_ptr + g, mask=gmask, other=0.0)
-                z = tl.load(z_ptr + g, mask=gmask, other=0.0)
+                gi = tl.program_id(1) * NG + tl.arange(0, NG)  # group of the half
+                gmask = (rn[:, None] < N) & (gi[None, :] < hg)
+                sp = sm_ptr + (rn[:, None] * hg + gi[None, :]) * 4 + 2 * hi  # [BN, NG]
+                s = tl.load(sp, mask=gmask, other=0.0)
+                z = tl.load(sp + 1, mask=gmask, other=0.0)
                 q3 = tl.reshape(q, (BLOCK_N, NG, G))
                 prod = (q3 * s.to(tl.float32)[:, :, None]).to(s.dtype)  # torch's q * scale
                 w = tl.reshape(prod.to(tl.float32) + z.to(tl.float32)[:, :, None],
                                (BLOCK_N, BLOCK_J))
             else:
-                g = rn[:, None] * ng + col[None, :] // G
-                s = tl.load(s_ptr + g, mask=mask, other=0.0)
-                z = tl.load(z_ptr + g, mask=mask, other=0.0)
+                sp = sm_ptr + (rn[:, None] * hg + rj[None, :] // G) * 4 + 2 * hi
+                s = tl.load(sp, mask=mask, other=0.0)
+                z = tl.load(sp + 1, mask=mask, other=0.0)
                 prod = (q * s.to(tl.float32)).to(s.dtype)  # rounded as torch's q * scale
                 w = prod.to(tl.float32) + z.to(tl.float32)
             tl.store(w_ptr + rn[:, None] * K + col[None, :], w.to(w_ptr.dtype.element_ty),
@@ -84,17 +86,16 @@ def _opts() -> dict:
     return {} if INTERPRET else dict(num_warps=4, enable_fp_fusion=False)
 
 
-def int4_dense(packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
-               group_size: int) -> torch.Tensor:
-    """[N, K] in scale's dtype from the packed int4 layout (``quant_kernels``); the values
+def int4_dense(packed: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[N, K] in scale_min's dtype from the packed int4 layout (``quant_kernels``); the values
     of ``quant_kernels.dequantize_int4``."""
     if not _kernels(packed.device):
-        return dequantize_int4(packed, scale, lo, group_size)
+        return dequantize_int4(packed, scale_min, group_size)
     N, half = packed.shape
-    w = torch.empty(N, 2 * half, device=packed.device, dtype=scale.dtype)
+    w = torch.empty(N, 2 * half, device=packed.device, dtype=scale_min.dtype)
     grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(half, BLOCK_COLS))
     whole = BLOCK_COLS % group_size == 0 and half % group_size == 0
-    _int4_dense_kernel[grid](packed, scale, lo, w, N, 2 * half, G=group_size,
+    _int4_dense_kernel[grid](packed, scale_min, w, N, 2 * half, G=group_size,
                              BLOCK_N=BLOCK_N, BLOCK_J=BLOCK_COLS, WHOLE_GROUPS=whole,
                              **_opts())
     return w

@@ -521,8 +521,8 @@ class Int4Linear(_QuantizedLinear):
             self.kernel = "torch._weight_int4pack_mm_for_cpu"
         else:
             self.register_buffer("packed", quant_kernels.pack_int4(codes))  # [N, K / 2] uint8
-            self.register_buffer("scale", scale.to(self.dtype).contiguous())  # [N, K / G]
-            self.register_buffer("min", lo.to(self.dtype).contiguous())
+            self.register_buffer("scale_min", quant_kernels.pack_scale_min(  # [N, K / 2G, 4]
+                scale.to(self.dtype), lo.to(self.dtype)))
             # The Triton kernels tile one group as a power-of-two block of >= 16 bytes.
             self.triton = quant_kernels.AVAILABLE and quant_kernels.int4_supported(
                 self.in_features, self.group_size)
@@ -542,7 +542,7 @@ class Int4Linear(_QuantizedLinear):
             eye = torch.eye(K, dtype=self.dtype)
             return torch._weight_int4pack_mm_for_cpu(eye, self.packed, G,
                                                      self.scale_zero).float().t()
-        return quant_kernels.dequantize_int4(self.packed, self.scale, self.min, G).float()
+        return quant_kernels.dequantize_int4(self.packed, self.scale_min, G).float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         G = self.group_size
@@ -555,9 +555,9 @@ class Int4Linear(_QuantizedLinear):
             else:
                 y = cpu_dequant.int4_matmul(x, self.packed, self.scale_zero, G)
         elif self.triton and x.shape[0] <= TRITON_MAX_M:
-            y = quant_kernels.int4_matmul(x, self.packed, self.scale, self.min, G)
+            y = quant_kernels.int4_matmul(x, self.packed, self.scale_min, G)
         else:
-            y = F.linear(x, gpu_dequant.int4_dense(self.packed, self.scale, self.min, G))
+            y = F.linear(x, gpu_dequant.int4_dense(self.packed, self.scale_min, G))
         return self._add_bias(y)  # [T, N]
 
 

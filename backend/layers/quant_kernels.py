@@ -5,7 +5,10 @@ Layouts:
   * int8: q [N, K] int8, scale [N] (model dtype); y = (x @ q.T) * scale.
   * int4: packed [N, K / 2] uint8 with packed[n, j] = code[n, j] | code[n, j + K/2] << 4 (the
     two halves of a row share a byte, so one contiguous tile of bytes feeds two contiguous
-    tiles of x); scale / min [N, K / G] (model dtype); W = code * scale + min.
+    tiles of x); W = code * scale + min, scale / min per group of G columns (model dtype),
+    kept as one tensor ``scale_min`` [N, K / (2G), 4]: for group j of the low half, its
+    scale, its min, then the scale and min of group j of the high half (the group whose
+    codes share its bytes). A kernel reads a tile's four with one load (``pack_scale_min``).
 
 ``int8_matmul`` / ``int4_matmul`` run a GEMV for one row of x (a reduction per output, fp32
 accumulate) or, for several rows, a tl.dot GEMM that dequantises each weight tile in
@@ -66,9 +69,27 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     return (c[:, :half] | (c[:, half:] << 4)).contiguous()
 
 
-def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
+def pack_scale_min(scale: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """scale / min [N, K / G] -> ``scale_min`` [N, K / (2G), 4] (see the layouts above).
+    The groups must not straddle the row halves (an even number of them)."""
+    if scale.shape[1] % 2:
+        raise ValueError(f"{scale.shape[1]} groups a row: the int4 layout pairs the groups "
+                         "of the two row halves, so it needs an even number")
+    hg = scale.shape[1] // 2
+    return torch.stack((scale[:, :hg], lo[:, :hg], scale[:, hg:], lo[:, hg:]),
+                       dim=-1).contiguous()
+
+
+def unpack_scale_min(scale_min: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scale_min`` [N, K / (2G), 4] -> (scale, min), each [N, K / G]."""
+    return (torch.cat((scale_min[..., 0], scale_min[..., 2]), dim=1),
+            torch.cat((scale_min[..., 1], scale_min[..., 3]), dim=1))
+
+
+def dequantize_int4(packed: torch.Tensor, scale_min: torch.Tensor,
                     group_size: int) -> torch.Tensor:
-    """[N, K] in scale's dtype from the packed layout (large-batch path and tests)."""
+    """[N, K] in scale_min's dtype from the packed layout (large-batch path and tests)."""
+    scale, lo = unpack_scale_min(scale_min)
     codes = torch.cat((packed & 15, packed >> 4), dim=1)  # [N, K] uint8
     N, K = codes.shape
     g = codes.view(N, K // group_size, group_size).to(scale.dtype)
@@ -100,11 +121,11 @@ CONFIGS: dict[str, dict[int, dict]] = {
     "int4-g32": {1: dict(BLOCK_N=2, BYTES=1024, MAGIC=1, num_warps=4, num_stages=3),
                  **{m: dict(_INT4_GEMM, BLOCK_N=128, num_warps=8) for m in (16, 32, 64, 128)}},
     # g128 at one token: word-wise, 64 rows a program on two warps (8 rows a thread share
-    # each x value: 3.5 instructions a weight against 5.0 with four warps), four programs
-    # per multiprocessor, K split for the 4096-row layers. With weights rotated past L2:
-    # 59.4 us per block against 71.5 for four warps, pipelined, two programs (the
-    # previous pick, from a sweep that reused one weight copy).
-    "int4-g128": {1: dict(BLOCK_N=64, BYTES=128, MAGIC=1, WORDS=1, STAGES=1, PROGRAMS_PER_SM=4,
+    # each x value), four programs per multiprocessor, K split for the 4096-row layers,
+    # three pipeline stages (every load of its loop 8 or 16 bytes: see _int4_gemv_words).
+    # With codes and scales rotated past L2: 48.2 us per block; 52.3 unpipelined, 58.2
+    # with 2-byte x loads (docs/benchmarks/quant/int4-gemv-records/).
+    "int4-g128": {1: dict(BLOCK_N=64, BYTES=128, MAGIC=1, WORDS=1, STAGES=3, PROGRAMS_PER_SM=4,
                           SPLIT_GEMV=1, num_warps=2, num_stages=3),
                   # 16 / 32 tokens: K split until two programs per multiprocessor (the
                   # engine's step at batch 32: 5.71 against 5.88 ms aiming at one)
@@ -163,7 +184,7 @@ if triton is not None:
         tl.store(y_ptr + rn, (t * s).to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @triton.jit
-    def _int4_gemv(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
+    def _int4_gemv(x_ptr, p_ptr, sm_ptr, y_ptr, N, K, G: tl.constexpr,
                    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, MAGIC: tl.constexpr,
                    EVEN: tl.constexpr, PDL: tl.constexpr):
         # Byte j of a row holds columns j (low nibble) and j + K/2 (high nibble). A tile is
@@ -173,32 +194,31 @@ if triton is not None:
         # so n s + m = f * 16 s + (m - 16 s), one FMA.
         pdl_wait(PDL)
         half = K // 2
-        ng = K // G
         hg = half // G
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_N, GROUPS, G), dtype=tl.float32)
         for j0 in range(0, half, GROUPS * G):
             g = j0 // G + tl.arange(0, GROUPS)  # [GROUPS]
             j = (g[:, None] * G + tl.arange(0, G)[None, :])[None, :, :]  # [1, GROUPS, G]
-            sidx = rn[:, None] * ng + g[None, :]  # [BN, GROUPS]
+            sp = sm_ptr + (rn[:, None] * hg + g[None, :]) * 4  # [BN, GROUPS]
             if EVEN:
                 b = tl.load(p_ptr + rn[:, None, None] * half + j)
                 x_lo = tl.load(x_ptr + j)
                 x_hi = tl.load(x_ptr + half + j)
-                s_lo = tl.load(s_ptr + sidx)
-                z_lo = tl.load(z_ptr + sidx)
-                s_hi = tl.load(s_ptr + sidx + hg)
-                z_hi = tl.load(z_ptr + sidx + hg)
+                s_lo = tl.load(sp)
+                z_lo = tl.load(sp + 1)
+                s_hi = tl.load(sp + 2)
+                z_hi = tl.load(sp + 3)
             else:
                 gm = g < hg
                 sm = (rn[:, None] < N) & gm[None, :]
                 b = tl.load(p_ptr + rn[:, None, None] * half + j, mask=sm[:, :, None], other=0)
                 x_lo = tl.load(x_ptr + j, mask=gm[None, :, None], other=0.0)
                 x_hi = tl.load(x_ptr + half + j, mask=gm[None, :, None], other=0.0)
-                s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0)
-                z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0)
-                s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0)
-                z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0)
+                s_lo = tl.load(sp, mask=sm, other=0.0)
+                z_lo = tl.load(sp + 1, mask=sm, other=0.0)
+                s_hi = tl.load(sp + 2, mask=sm, other=0.0)
+                z_hi = tl.load(sp + 3, mask=sm, other=0.0)
             s_lo, z_lo = s_lo.to(tl.float32), z_lo.to(tl.float32)
             s_hi, z_hi = s_hi.to(tl.float32), z_hi.to(tl.float32)
             bi = b.to(tl.int32)  # [BN, GROUPS, G]
@@ -299,10 +319,19 @@ if triton is not None:
         _store_row(y_ptr, part_ptr, cnt_ptr, t * s, rn, pid_k, N, PARTIAL)
 
     @triton.jit
-    def _int4_gemv_words(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw,
+    def _bf16_of_words(a0, a1, B: tl.constexpr):
+        """Element B of four bf16 held in int32 words a0 (elements 0, 1) and a1 (2, 3), as
+        fp32: bf16 is the top half of an fp32, so a shift or an AND."""
+        a = a0 if B < 2 else a1
+        if B % 2 == 0:
+            return (a << 16).to(tl.float32, bitcast=True)
+        return (a & -65536).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _int4_gemv_words(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw,
                          W_SPLIT, G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                         EVEN: tl.constexpr, STAGES: tl.constexpr, PARTIAL: tl.constexpr,
-                         PDL: tl.constexpr):
+                         EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr,
+                         PARTIAL: tl.constexpr, PDL: tl.constexpr):
         # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
         # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
         # A nibble decodes with one AND (``_subnormal``: n * 2^(P - 149) for its bit
@@ -313,10 +342,14 @@ if triton is not None:
         # the rows a thread holds. hw = K / 8 words per row, an argument so that Triton sees
         # its divisibility (16-byte loads). Program (i, k) covers words [k W_SPLIT,
         # (k + 1) W_SPLIT) of each row half (PARTIAL: ``add_splits``).
+        # BF16 (x and scales in bf16): every load of the loop is 8 or 16 bytes, so the
+        # STAGES pipeline (cp.async) takes all of them: a row's four scales and mins as one
+        # int64, x as int64 words of four values. 2-byte loads stay outside the pipeline,
+        # and their latency was paid every step: 57.0 -> 48.2 us a Llama-2-7B block on an
+        # H200 with this and three stages (docs/benchmarks/quant.md).
         pdl_wait(PDL)
         pid_k = tl.program_id(1)
         half = K // 2
-        ng = K // G
         hg = half // G
         GW: tl.constexpr = G // 4
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -326,22 +359,35 @@ if triton is not None:
                            num_stages=STAGES):
             g = j0 // GW + tl.arange(0, GROUPS)  # [GROUPS]
             wi = g[:, None] * GW + tl.arange(0, GW)[None, :]  # [GROUPS, GW] word index
-            sidx = rn[:, None] * ng + g[None, :]  # [BN, GROUPS]
+            ri = rn[:, None] * hg + g[None, :]  # [BN, GROUPS] record index
             gm = g < hg
             sm = (rn[:, None] < N) & gm[None, :]
             if EVEN:
                 w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :])
-                s_lo = tl.load(s_ptr + sidx).to(tl.float32)
-                z_lo = tl.load(z_ptr + sidx).to(tl.float32)
-                s_hi = tl.load(s_ptr + sidx + hg).to(tl.float32)
-                z_hi = tl.load(z_ptr + sidx + hg).to(tl.float32)
             else:
                 w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :],
                             mask=sm[:, :, None], other=0)
-                s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
-                z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0).to(tl.float32)
-                s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
-                z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0).to(tl.float32)
+            if BF16:
+                xw = x_ptr.to(tl.pointer_type(tl.int64))
+                if EVEN:
+                    r = tl.load(sm_ptr.to(tl.pointer_type(tl.int64)) + ri)
+                    xw_lo = tl.load(xw + wi)  # x[4i .. 4i + 3]
+                    xw_hi = tl.load(xw + hw + wi)  # x[half + 4i ..]
+                else:
+                    r = tl.load(sm_ptr.to(tl.pointer_type(tl.int64)) + ri, mask=sm, other=0)
+                    xw_lo = tl.load(xw + wi, mask=gm[:, None], other=0)
+                    xw_hi = tl.load(xw + hw + wi, mask=gm[:, None], other=0)
+                r0, r1 = r.to(tl.int32), (r >> 32).to(tl.int32)
+                s_lo, z_lo = _bf16_of_words(r0, r1, 0), _bf16_of_words(r0, r1, 1)
+                s_hi, z_hi = _bf16_of_words(r0, r1, 2), _bf16_of_words(r0, r1, 3)
+                l0, l1 = xw_lo.to(tl.int32), (xw_lo >> 32).to(tl.int32)
+                h0, h1 = xw_hi.to(tl.int32), (xw_hi >> 32).to(tl.int32)
+            else:
+                sp = sm_ptr + ri * 4
+                s_lo = tl.load(sp, mask=sm, other=0.0).to(tl.float32)
+                z_lo = tl.load(sp + 1, mask=sm, other=0.0).to(tl.float32)
+                s_hi = tl.load(sp + 2, mask=sm, other=0.0).to(tl.float32)
+                z_hi = tl.load(sp + 3, mask=sm, other=0.0).to(tl.float32)
             w8 = w >> 8  # byte 3's nibbles at bits 16..23
             xp = x_ptr + 4 * wi  # [GROUPS, GW]
             t_lo = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
@@ -349,9 +395,9 @@ if triton is not None:
             xs_lo = tl.zeros((GROUPS, GW), dtype=tl.float32)
             xs_hi = tl.zeros((GROUPS, GW), dtype=tl.float32)
             for b in tl.static_range(4):
-                if EVEN:
-                    xl = tl.load(xp + b).to(tl.float32)
-                    xh = tl.load(xp + half + b).to(tl.float32)
+                if BF16:
+                    xl = _bf16_of_words(l0, l1, b)
+                    xh = _bf16_of_words(h0, h1, b)
                 else:
                     xl = tl.load(xp + b, mask=gm[:, None], other=0.0).to(tl.float32)
                     xh = tl.load(xp + half + b, mask=gm[:, None], other=0.0).to(tl.float32)
@@ -465,14 +511,13 @@ if triton is not None:
         return w_lo, w_hi
 
     @triton.jit
-    def _int4_group_dot(acc, x_ptr, p_ptr, s_ptr, z_ptr, rm, rn, jg, j_end, M, N, K,
+    def _int4_group_dot(acc, x_ptr, p_ptr, sm_ptr, rm, rn, jg, j_end, M, N, K,
                         G: tl.constexpr, MAGIC: tl.constexpr, SWAP: tl.constexpr):
         """acc plus one group's products: the group of G code bytes at column jg of each
         row half (columns from j_end on masked off) becomes both halves' weights
         (q * s + m, scales broadcast along the group) and feeds two tl.dot calls. SWAP:
         acc is [BN, BM] = W x.T, the dequantised weight the left operand."""
         half = K // 2
-        ng = K // G
         hg = half // G
         j = jg + tl.arange(0, G)  # [G]
         jm = j < j_end  # the last step of a range may pass its end
@@ -481,12 +526,12 @@ if triton is not None:
                        mask=mmask & jm[None, :], other=0.0)  # [BM, G]
         x_hi = tl.load(x_ptr + rm[:, None] * K + half + j[None, :],
                        mask=mmask & jm[None, :], other=0.0)
-        sidx = rn * ng + jg // G  # [BN]
+        sp = sm_ptr + (rn * hg + jg // G) * 4  # [BN]: the group's scale_min record
         sm = (rn < N) & (rn * 0 + jg < j_end)
-        s_lo = tl.load(s_ptr + sidx, mask=sm, other=0.0)
-        z_lo = tl.load(z_ptr + sidx, mask=sm, other=0.0)
-        s_hi = tl.load(s_ptr + sidx + hg, mask=sm, other=0.0)
-        z_hi = tl.load(z_ptr + sidx + hg, mask=sm, other=0.0)
+        s_lo = tl.load(sp, mask=sm, other=0.0)
+        z_lo = tl.load(sp + 1, mask=sm, other=0.0)
+        s_hi = tl.load(sp + 2, mask=sm, other=0.0)
+        z_hi = tl.load(sp + 3, mask=sm, other=0.0)
         if SWAP:
             b = tl.load(p_ptr + rn[:, None] * half + j[None, :],
                         mask=(rn[:, None] < N) & jm[None, :], other=0)  # [BN, G]
@@ -504,7 +549,7 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _int4_gemm(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, M, N, K, J_SPLIT, G: tl.constexpr,
+    def _int4_gemm(x_ptr, p_ptr, sm_ptr, y_ptr, M, N, K, J_SPLIT, G: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
                    MAGIC: tl.constexpr, PARTIAL: tl.constexpr, SWAP: tl.constexpr,
                    PDL: tl.constexpr):
@@ -521,13 +566,13 @@ if triton is not None:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for j0 in range(pid_k * J_SPLIT, j_end, GROUPS * G):
             for gi in tl.static_range(GROUPS):
-                acc = _int4_group_dot(acc, x_ptr, p_ptr, s_ptr, z_ptr, rm, rn, j0 + gi * G,
+                acc = _int4_group_dot(acc, x_ptr, p_ptr, sm_ptr, rm, rn, j0 + gi * G,
                                       j_end, M, N, K, G, MAGIC, SWAP)
         pdl_release(PDL)
         _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP, PARTIAL)
 
     @triton.jit
-    def _int4_gemm_stream(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
+    def _int4_gemm_stream(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
                           TILES_N, STEPS, UNITS, G: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, MAGIC: tl.constexpr,
                           PDL: tl.constexpr):
@@ -558,7 +603,7 @@ if triton is not None:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for st in range(s0, s1):
                 for gi in tl.static_range(GROUPS):
-                    acc = _int4_group_dot(acc, x_ptr, p_ptr, s_ptr, z_ptr, rm, rn,
+                    acc = _int4_group_dot(acc, x_ptr, p_ptr, sm_ptr, rm, rn,
                                           (st * GROUPS + gi) * G, half, M, N, K, G, MAGIC,
                                           True)
             if s1 - s0 == STEPS:
@@ -706,9 +751,10 @@ def _int8_words(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     return carried
 
 
-def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
                 group_size: int, config: dict | None = None) -> torch.Tensor:
-    """x [M, K] @ W.T with W unpacked from (packed [N, K/2], scale/min [N, K/G]) -> [M, N]."""
+    """x [M, K] @ W.T with W unpacked from (packed [N, K/2], scale_min [N, K/(2G), 4]) ->
+    [M, N]."""
     M, K = x.shape
     N, G = packed.shape[0], group_size
     half = K // 2
@@ -722,15 +768,17 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
             bn, split, per = _gemv_grid(cfg, N, K // 8, groups * G // 4, x.device)
             y, part, cnt = added_in_kernel(x, M, N, split, triton.cdiv(N, bn))
             _int4_gemv_words[(triton.cdiv(N, bn), split)](
-                x, packed.view(torch.int32), scale, lo, y, part, cnt, N, K, K // 8, per, G=G,
+                x, packed.view(torch.int32), scale_min, y, part, cnt, N, K, K // 8, per, G=G,
                 BLOCK_N=bn, GROUPS=groups, EVEN=N % bn == 0 and half % (groups * G) == 0,
-                STAGES=cfg.get("STAGES", 1), PARTIAL=split > 1, **_launch_opts(cfg, x.device))
+                STAGES=cfg.get("STAGES", 1),
+                BF16=x.dtype == scale_min.dtype == torch.bfloat16 and K % 8 == 0,
+                PARTIAL=split > 1, **_launch_opts(cfg, x.device))
             return y
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn = cfg["BLOCK_N"]
         even = N % bn == 0 and half % (groups * G) == 0
         _int4_gemv[(triton.cdiv(N, bn),)](
-            x, packed, scale, lo, y, N, K, G=G, BLOCK_N=bn, GROUPS=groups, MAGIC=cfg["MAGIC"],
+            x, packed, scale_min, y, N, K, G=G, BLOCK_N=bn, GROUPS=groups, MAGIC=cfg["MAGIC"],
             EVEN=even, **_launch_opts(cfg, x.device))
         return y
     bn, groups = cfg["BLOCK_N"], cfg["GROUPS"]
@@ -740,18 +788,18 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: 
         # stream-K where whole tiles alone fill every multiprocessor (at 64 tokens on an
         # H200: gate|up 48.3 against 51.8 us, q|k|v 30.6 against 31.4); with fewer tiles
         # (o, down) split-K's whole-tile pieces won (11.8 against 16.0, 26.9 against 30.9)
-        return _int4_stream(x, packed, scale, lo, G, cfg, block_m, tiles_n, sms)
+        return _int4_stream(x, packed, scale_min, G, cfg, block_m, tiles_n, sms)
     split, j_split = _split_range(cfg, M, N, half, groups * G, block_m, x.device)
     y, out = split_out(x, M, N, split)
     _int4_gemm[(triton.cdiv(M, block_m), tiles_n, split)](
-        x, packed, scale, lo, out, M, N, K, j_split, G=G, BLOCK_M=block_m, BLOCK_N=bn,
+        x, packed, scale_min, out, M, N, K, j_split, G=G, BLOCK_M=block_m, BLOCK_N=bn,
         GROUPS=groups, MAGIC=cfg["MAGIC"], PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0),
         **_launch_opts(cfg, x.device))
     return finish_splits(y, out, split)
 
 
-def _int4_stream(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
-                 G: int, cfg: dict, block_m: int, tiles_n: int, sms: int) -> torch.Tensor:
+def _int4_stream(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor, G: int,
+                 cfg: dict, block_m: int, tiles_n: int, sms: int) -> torch.Tensor:
     """The int4 GEMM as stream-K (``_int4_gemm_stream``) over tiles of ``block_m`` rows by
     BLOCK_N (``tiles_n`` along N), on ``STREAM_K`` programs per multiprocessor (``sms`` of
     them; fewer where the GEMM has fewer (tile, K step) units)."""
@@ -765,7 +813,7 @@ def _int4_stream(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, lo:
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     part = torch.empty(programs * 2 * block_m * bn, device=x.device, dtype=torch.float32)
     _int4_gemm_stream[(programs,)](
-        x, packed, scale, lo, y, part, counters(x.device), M, N, K, tiles_n, steps,
+        x, packed, scale_min, y, part, counters(x.device), M, N, K, tiles_n, steps,
         tiles * steps, G=G, BLOCK_M=block_m, BLOCK_N=bn, GROUPS=groups, MAGIC=cfg["MAGIC"],
         **_launch_opts(cfg, x.device))
     return y

@@ -69,18 +69,22 @@ _CHECK = textwrap.dedent("""
             for cfg in [None] + gemm8 + (gemv8 if M == 1 else []):
                 close(qk.int8_matmul(x, q, s, cfg), x @ ref8.t())
             for cfg in [None] + gemm4 + (gemv4 if M == 1 else []):
-                close(qk.int4_matmul(x, packed, g.scale, g.min, G, cfg), x @ ref4.t())
-    # bf16 activations and scales (the decoding's bit tricks in the model dtype): within
-    # bf16 rounding of the output
-    w = torch.randn(64, 512, generator=gen) * 0.05
-    g = quantize_int4(w, 32)
-    packed = qk.pack_int4(g.codes)
-    sb, mb = g.scale.bfloat16(), g.min.bfloat16()
-    x = torch.randn(1, 512, generator=gen).bfloat16()
-    ref = x.float() @ qk.dequantize_int4(packed, sb, mb, 32).float().t()
-    for cfg in gemv4:
-        y = qk.int4_matmul(x, packed, sb, mb, 32, cfg).float()
-        assert ((y - ref).abs().max() / ref.abs().max()).item() < 2e-2, cfg
+                close(qk.int4_matmul(x, packed, qk.pack_scale_min(g.scale, g.min), G, cfg),
+                      x @ ref4.t())
+    # bf16 activations and scales (the decoding's bit tricks in the model dtype; the
+    # word-wise GEMV then reads scales and x as 8-byte words): within bf16 rounding of the
+    # output, on tiles that do and do not divide the shape, with the default configs
+    words4 = [dict(BLOCK_N=16, BYTES=128, MAGIC=1, WORDS=1, STAGES=st, PROGRAMS_PER_SM=4,
+                   SPLIT_GEMV=1, num_warps=2, num_stages=3) for st in (1, 3)]
+    for N, K, G in ((64, 512, 32), (40, 1024, 128), (64, 768, 128)):
+        g = quantize_int4(torch.randn(N, K, generator=gen) * 0.05, G)
+        packed = qk.pack_int4(g.codes)
+        sm = qk.pack_scale_min(g.scale.bfloat16(), g.min.bfloat16())
+        x = torch.randn(1, K, generator=gen).bfloat16()
+        ref = x.float() @ qk.dequantize_int4(packed, sm, G).float().t()
+        for cfg in [None] + gemv4 + words4:
+            y = qk.int4_matmul(x, packed, sm, G, cfg).float()
+            assert ((y - ref).abs().max() / ref.abs().max()).item() < 2e-2, (N, K, G, cfg)
     print("ok")
 """)
 
@@ -96,8 +100,15 @@ def test_int4_packing_round_trips():
     g = quantize_int4(torch.randn(8, 64), 32)
     packed = quant_kernels.pack_int4(g.codes)
     assert packed.shape == (8, 32) and packed.dtype == torch.uint8
-    back = quant_kernels.dequantize_int4(packed, g.scale, g.min, 32)
+    sm = quant_kernels.pack_scale_min(g.scale, g.min)
+    assert sm.shape == (8, 1, 4)  # 64 columns: one group of each row half
+    back = quant_kernels.dequantize_int4(packed, sm, 32)
     torch.testing.assert_close(back, g.dequantize())
+    for got, want in zip(quant_kernels.unpack_scale_min(sm), (g.scale, g.min)):
+        assert torch.equal(got, want)
+    odd = quantize_int4(torch.randn(8, 96), 32)  # three groups: one would straddle the halves
+    with pytest.raises(ValueError, match="even number"):
+        quant_kernels.pack_scale_min(odd.scale, odd.min)
 
 
 def test_gemv_grid_fills_the_multiprocessors():

@@ -23,7 +23,7 @@ def test_gemvs_split_in_kernel_match_unsplit_and_reset_their_counters() -> None:
     i4 = quantize_int4(w, G)
     q, s = q.to(DEVICE), s.to(DEVICE)
     packed = quant_kernels.pack_int4(i4.codes).to(DEVICE)
-    scale, lo = i4.scale.to(DEVICE), i4.min.to(DEVICE)
+    sm = quant_kernels.pack_scale_min(i4.scale, i4.min).to(DEVICE)
     # 16 rows a program -> 3 tiles; PROGRAMS_PER_SM with SPLIT_GEMV splits K (up to 8 ways)
     cfg8 = dict(BLOCK_N=16, BLOCK_K=64, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=4, SPLIT_GEMV=1,
                 num_warps=4, num_stages=3)
@@ -32,11 +32,11 @@ def test_gemvs_split_in_kernel_match_unsplit_and_reset_their_counters() -> None:
     assert quant_kernels._gemv_grid(cfg8, N, K // 4, 16, x.device)[1] > 1  # it does split
     assert quant_kernels._gemv_grid(cfg4, N, K // 8, 8, x.device)[1] > 1
     want8 = x.float() @ (q.float() * s[:, None].float()).t()
-    want4 = x.float() @ quant_kernels.dequantize_int4(packed, scale, lo, G).float().t()
+    want4 = x.float() @ quant_kernels.dequantize_int4(packed, sm, G).float().t()
     for _ in range(3):  # a counter left non-zero would lose the next call's sum
         torch.testing.assert_close(quant_kernels.int8_matmul(x, q, s, cfg8).float(), want8,
                                    atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(quant_kernels.int4_matmul(x, packed, scale, lo, G, cfg4)
+        torch.testing.assert_close(quant_kernels.int4_matmul(x, packed, sm, G, cfg4)
                                    .float(), want4, atol=1e-4, rtol=1e-4)
         assert int(splits.counters(x.device).abs().sum()) == 0
 
@@ -62,18 +62,18 @@ def test_int4_stream_k_matches_the_reference_and_resets_its_counters() -> None:
     w = torch.randn(N, K, generator=g) * 0.05
     i4 = quantize_int4(w, G)
     packed = quant_kernels.pack_int4(i4.codes).to(DEVICE)
-    scale, lo = i4.scale.to(DEVICE), i4.min.to(DEVICE)
-    ref = quant_kernels.dequantize_int4(packed, scale, lo, G).float()
+    sm = quant_kernels.pack_scale_min(i4.scale, i4.min).to(DEVICE)
+    ref = quant_kernels.dequantize_int4(packed, sm, G).float()
     for M, groups in ((20, 1), (130, 2)):
         cfg = dict(BLOCK_N=16, GROUPS=groups, MAGIC=3, SWAP=1, STREAM_K=1, STREAM_K_FROM=0,
                    num_warps=4, num_stages=3)
         x = torch.randn(M, K, generator=g).to(DEVICE)
-        first = quant_kernels.int4_matmul(x, packed, scale, lo, G, cfg)
+        first = quant_kernels.int4_matmul(x, packed, sm, G, cfg)
         want = x.float() @ ref.t()
         if DEVICE == "cuda":  # fp32 tl.dot runs in tf32 there (the tile grid's error too)
             assert ((first.float() - want).abs().max() / want.abs().max()).item() < 2e-3
         else:
             torch.testing.assert_close(first.float(), want, atol=1e-4, rtol=1e-4)
-        again = quant_kernels.int4_matmul(x, packed, scale, lo, G, cfg)
+        again = quant_kernels.int4_matmul(x, packed, sm, G, cfg)
         assert torch.equal(first, again)
         assert int(splits.counters(x.device).abs().sum()) == 0
