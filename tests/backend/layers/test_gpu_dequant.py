@@ -1,8 +1,9 @@
 """The one-pass Triton dequantisers for many-token calls on CUDA, run by Triton's
 interpreter on the CPU: the same bits as the torch expressions they replace, for each
-weight dtype, tiles that do not divide the shape, and groups wider than a tile. The interpreter narrows float32 to bfloat16 by truncation where the GPU rounds
-to nearest, so bfloat16 is held to one unit in the last place here (bit-exact on the
-GPU: ``docs/BENCHMARKS.md``)."""
+weight dtype, tiles that do not divide the shape, and groups wider than a tile. The
+interpreter narrows float32 to bfloat16 by truncation where the GPU rounds to nearest, so
+bfloat16 is held to one unit in the last place here (bit-exact on the GPU:
+``docs/BENCHMARKS.md``)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
-"""(Runs against the tree before the scale records, commit 07c865c: ``int4_matmul(x, packed, scale, lo, G)``; see call3.sh.)
+"""(Runs against the tree before the scale records, commit 07c865c:
+``int4_matmul(x, packed, scale, lo, G)``; see call3.sh.)
 CPU check of the records GEMV under TRITON_INTERPRET=1 against the dequantised reference."""
 import torch
 from backend.layers import quant_kernels as qk

@@ -1,4 +1,5 @@
-"""(Runs against the tree before the scale records, commit 07c865c: ``int4_matmul(x, packed, scale, lo, G)``; see call3.sh.)
+"""(Runs against the tree before the scale records, commit 07c865c:
+``int4_matmul(x, packed, scale, lo, G)``; see call3.sh.)
 H200 probe: the int4 g128 one-token GEMV with 8-byte scale records (rec_kernel) against
 the committed kernel, per Llama-2-7B shape with codes AND scales rotated past L2, then the
 engine's batch-1 step with the best variant patched in (alternating, one process).
