@@ -54,8 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "AWQ), folded into the preceding norm and up weights, so nothing "
                         "changes at run time; none = plain rounding. A GGUF's own int4 codes "
                         "are kept as they are either way (default: %(default)s)")
-    p.add_argument("--lm-head-dtype", default="model", choices=("model", "int8", "int4"),
-                   help="the output projection's weights (default: the model dtype)")
+    p.add_argument("--lm-head-dtype", default="auto", choices=("auto", "model", "int8", "int4"),
+                   help="the output projection's weights: auto = int8 where the linear "
+                        "layers are quantised and the file stores the head (or the tied "
+                        "embedding) as Q8_0, else the model dtype (default: %(default)s)")
     p.add_argument("--prefill-dense-weights", default="auto", choices=("auto", "on", "off"),
                    help="CPU only (no effect on CUDA): quantised layers also keep their "
                         "weight dense in the model dtype, built once at load from the codes, "

@@ -29,7 +29,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "kv_cache_dtype": ("auto", "int8", "fp8_e4m3"),
     "weights_dtype": ("auto", "bf16", "fp16", "fp32", "int8", "int4", "fp8"),
-    "lm_head_dtype": ("model", "int8", "int4"),
+    "lm_head_dtype": ("auto", "model", "int8", "int4"),
     "prefill_dense_weights": ("auto", "on", "off"),
     "weights_scaling": ("activation", "none"),
     "scheduling": ("continuous", "static"),
@@ -51,7 +51,10 @@ class EngineConfig(Schema):
     # fp8 = e4m3 per output row, activations quantised per token (backend.layers.fp8_matmul).
     weights_dtype: str = "auto"
     int4_group_size: int = 32
-    lm_head_dtype: str = "model"  # the output projection: the model dtype, int8 or int4
+    # The output projection: auto = int8 where the layers are quantised and the file keeps
+    # its head (or tied embedding) in Q8_0, as llama.cpp then reads it; else the model
+    # dtype. Or the model dtype, int8 or int4 whatever the file.
+    lm_head_dtype: str = "auto"
     # int8 / int4 / fp8 rounded from float weights: per-input-channel scales from a calibration
     # pass, folded into the norms and up rows (backend.weight_scaling); none = plain rounding
     weights_scaling: str = "activation"

@@ -123,8 +123,12 @@ class ModelRunner:
                                     source.weight_quantization,
                                     self.device.type == "cuda" or cpu_packed_kernels_fast(),
                                     dense)
-        if config.lm_head_dtype != "model":
-            head = WeightFormat.parse(config.lm_head_dtype, config.int4_group_size)
+        head_dtype = config.lm_head_dtype
+        if head_dtype == "auto":  # the file's Q8_0 head beside quantised layers
+            head_dtype = "int8" if fmt.kind != "dense" and \
+                source.head_quantization == "int8" else "model"
+        if head_dtype != "model":
+            head = WeightFormat.parse(head_dtype, config.int4_group_size)
         else:  # the model dtype, or auto's fp16: the head is a small model's largest matmul
             head = fmt if fmt == dense else WeightFormat()
         mode = config.weights_scaling

@@ -60,27 +60,32 @@ def load_gguf(path: str | Path, name: str | None = None, use_cache: bool = True)
     if not path.is_file():
         raise ModelLoadError(f"GGUF file not found: {path}")
     name = name or path.stem
-    quantization, packed = _packed_source(path)
+    quantization, head, packed = _packed_source(path)
     entry = cache.lookup(path) if use_cache else None
     if entry is None:
         config, tokenizer, tensors = convert_gguf(path)
         entry = cache.store(path, config, tokenizer, tensors()) if use_cache else None
         if entry is None:  # no (writable) cache: dequantise while the model loads, every start
-            return ModelSource(name, config, tokenizer, tensors, packed, quantization)
+            return ModelSource(name, config, tokenizer, tensors, packed, quantization, head)
     config, tokenizer = cache.load_entry(entry)
     files = cache.entry_files(entry)
     return ModelSource(name, config, tokenizer, lambda: cache.iter_safetensors(files), packed,
-                       quantization)
+                       quantization, head)
 
 
-def _packed_source(path: Path) -> tuple[str | None, WeightIterator]:
-    """The file's native code form and a stream of its codes, read from the file (already
-    open: parsing a GGUF's metadata costs seconds) on every load."""
+def _packed_source(path: Path) -> tuple[str | None, str | None, WeightIterator]:
+    """The file's native code form for the linear layers and for the output projection
+    (``output.weight``, else the tied ``token_embd.weight``), and a stream of its codes, read
+    from the file (already open: parsing a GGUF's metadata costs seconds) on every load."""
     reader = _open(path)
     is_linear = lambda n: n.startswith("blk.") and n.endswith(".weight") and (  # noqa: E731
         ".attn_" in n or ".ffn_" in n) and "norm" not in n
     quantization = native_format(reader.tensors, is_linear)
-    return quantization, lambda: _convert(path, reader, read_metadata(reader), True)[1]()
+    by_name = {t.name: t for t in reader.tensors}
+    head = by_name.get("output.weight", by_name.get("token_embd.weight"))
+    head_quantization = None if head is None else CODE_TYPES.get(head.tensor_type)
+    return (quantization, head_quantization,
+            lambda: _convert(path, reader, read_metadata(reader), True)[1]())
 
 
 def _open(path: Path) -> GGUFReader:

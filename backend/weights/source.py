@@ -29,3 +29,6 @@ class ModelSource:
     # "int4" / "int8" when most of the file's linear weights are in such a code form (what
     # `--weights-dtype auto` keeps), else None.
     weight_quantization: str | None = None
+    # The same for the output projection (the token embedding where the head is tied): what
+    # `--lm-head-dtype auto` keeps when the layers are quantised.
+    head_quantization: str | None = None

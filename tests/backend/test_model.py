@@ -75,7 +75,9 @@ def test_smollm2_matches_transformers_from_same_gguf(smollm2_source) -> None:
     tok = smollm2_source.tokenizer
     prompt = tok.encode(tok.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}]))
-    engine = _engine(smollm2_source)
+    # the file's own values everywhere: the head dense too (by default it is re-rounded to
+    # int8 per row, as the file keeps it in Q8_0)
+    engine = _engine(smollm2_source, lm_head_dtype="model")
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0].float()
     got = engine.score(prompt)

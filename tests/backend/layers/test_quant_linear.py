@@ -163,6 +163,9 @@ def test_gguf_auto_keeps_the_files_code_form(tmp_path, monkeypatch, qtype, nativ
                                    kv_cache_memory_gib=0.01), source)
     auto = LLMEngine(EngineConfig(dtype="float32", kv_cache_memory_gib=0.01), source)
     assert auto.stats().weights_format == {"int4": "int4-g32", "int8": "int8"}[native]
+    # the head too where the file keeps it in Q8_0; a Q4 head stays in the model dtype
+    assert source.head_quantization == native
+    assert auto.stats().lm_head_format == {"int4": "fp32", "int8": "int8"}[native]
     a, d = auto.score(tokens), dense.score(tokens)
     if native == "int4":
         torch.testing.assert_close(a, d, atol=2e-4, rtol=1e-4)
@@ -195,3 +198,30 @@ def test_gguf_q4_1_served_from_its_codes(tmp_path, monkeypatch):
     torch.testing.assert_close(scores["auto"], scores["fp32"], atol=2e-4, rtol=1e-4)
     rel = (scores["int8"] - scores["fp32"]).abs().mean() / scores["fp32"].abs().mean()
     assert 0 < rel < 0.1  # random N(0, 0.5) weights amplify rounding; a wiring bug gives ~1
+
+
+def test_gguf_q8_0_head_beside_q4_1_layers_stays_int8(tmp_path, monkeypatch):
+    """The embedded file's layout (Q4_1 layers, the tied embedding in Q8_0): auto serves the
+    layers from their codes and the head as int8, as llama.cpp reads it; the head follows
+    ``--lm-head-dtype`` where one is given, and dense layers keep a dense head."""
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(model_runner, "cpu_packed_kernels_fast", lambda: True)
+    path = write_llama_gguf(tmp_path / "tiny-q4_1-q8_0.gguf", random_hf_tensors(seed=3), Q.Q4_1,
+                            head_qtype=Q.Q8_0)
+    source = load_gguf(path)
+    assert (source.weight_quantization, source.head_quantization) == ("int4", "int8")
+    tokens = list(range(5, 40))
+    formats, scores = {}, {}
+    for wd, head in (("auto", "auto"), ("auto", "model"), ("fp32", "auto")):
+        engine = LLMEngine(EngineConfig(weights_dtype=wd, lm_head_dtype=head, dtype="float32",
+                                        kv_cache_memory_gib=0.01), source)
+        stats = engine.stats()
+        formats[wd, head] = (stats.weights_format, stats.lm_head_format)
+        scores[wd, head] = engine.score(tokens)
+    assert formats == {("auto", "auto"): ("int4-g32", "int8"),
+                       ("auto", "model"): ("int4-g32", "fp32"),
+                       ("fp32", "auto"): ("fp32", "fp32")}
+    # the int8 head re-rounds the file's Q8_0 rows per row: close, not equal
+    ref = scores["auto", "model"]
+    rel = (scores["auto", "auto"] - ref).abs().mean() / ref.abs().mean()
+    assert 0 < rel < 0.05

@@ -35,7 +35,7 @@ def test_flags_map_onto_engine_and_server_config():
     assert config_from_args(build_parser().parse_args(
         ["--cuda-graph-max-tokens", "0"])).engine.cuda_graph_max_tokens == 0
     assert (d.engine.weights_dtype, d.engine.int4_group_size, d.engine.lm_head_dtype) == (
-        "auto", 32, "model")
+        "auto", 32, "auto")
     q = config_from_args(build_parser().parse_args([
         "--weights-dtype", "int4", "--int4-group-size", "128", "--lm-head-dtype", "int8"]))
     assert (q.engine.weights_dtype, q.engine.int4_group_size, q.engine.lm_head_dtype) == (

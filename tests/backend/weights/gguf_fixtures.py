@@ -98,10 +98,14 @@ def random_kquant(shape: tuple[int, int], qtype: Q, seed: int = 0) -> np.ndarray
 
 def write_llama_gguf(path: Path, tensors: dict[str, np.ndarray], qtype: Q,
                      arch: str = "llama", rope_freqs: np.ndarray | None = None,
-                     original_ctx: int | None = None, shape: dict[str, int] = SHAPE) -> Path:
-    """2-D weights stored as `qtype`, norms and biases as F32 (llama.cpp does the same).
-    Only the llama arch permutes Q/K rows (qwen2 uses NeoX-style RoPE, stored as is)."""
+                     original_ctx: int | None = None, shape: dict[str, int] = SHAPE,
+                     head_qtype: Q | None = None) -> Path:
+    """2-D weights stored as `qtype` (the embedding and output projection as `head_qtype`
+    where given, as llama.cpp's Q4 files keep them in Q8_0), norms and biases as F32 (llama.cpp
+    does the same). Only the llama arch permutes Q/K rows (qwen2 uses NeoX-style RoPE, stored
+    as is)."""
     w = gguf.GGUFWriter(str(path), arch)
+    layers_qtype = qtype
     w.add_block_count(shape["layers"])
     w.add_context_length(shape["ctx"])
     w.add_embedding_length(shape["hidden"])
@@ -131,6 +135,8 @@ def write_llama_gguf(path: Path, tensors: dict[str, np.ndarray], qtype: Q,
             array = permute(array, shape["heads"])
         elif hf.endswith(("k_proj.weight", "k_proj.bias")):
             array = permute(array, shape["kv_heads"])
+        qtype = head_qtype if head_qtype is not None and hf.endswith(
+            ("embed_tokens.weight", "lm_head.weight")) else layers_qtype
         if array.ndim == 1 or qtype == Q.F32:
             w.add_tensor(gguf_name(hf), array.astype(np.float32))
         elif qtype in K_QUANT_SCALES:
