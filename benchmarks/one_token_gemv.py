@@ -5,20 +5,19 @@ unfused steps, on Llama-2-7B's shapes, in one GPU process.
 2. Per layer (qkv, o, gate_up, down, LM head, each with the prologue it has in the model):
    cuBLAS alone, the unfused steps (our Triton norm / SiLU·mul kernel, then cuBLAS), and
    every tile variant of the fused bf16 GEMV. Enough distinct weight copies rotate
-   through each CUDA graph that no layer is served from L2 (50 MB). int8 and int4 g128:
-   every one-token GEMV variant of ``benchmarks.quant_sweep``, after the separate prologue
-   kernel and (the word-wise ones) with the prologue fused. The fastest variant per shape
-   is reported (``picks``); ``--install`` runs steps 3 and 4 with the picks instead of the
-   committed tables (``gemv.CONFIGS``, ``quant_kernels.INT8_FUSED`` / ``INT4_FUSED``).
+   through each CUDA graph that no layer is served from L2 (50 MB). int8: every one-token
+   GEMV variant of ``benchmarks.quant_sweep``, after the separate prologue kernel and (the
+   word-wise ones) with the prologue fused. The fastest variant per shape is reported
+   (``picks``); ``--install`` runs steps 3 and 4 with the picks instead of the committed
+   tables (``gemv.CONFIGS``, ``quant_kernels.INT8_FUSED``).
 3. The chain: 32 blocks of the synthetic model's real weights, attention left out (its
    input is the block's q), one token, CUDA-graph replays: the fused one-token path
-   against the same Triton step ops without it, and the eager ops, per weight format.
+   against the same Triton step ops without it, and the eager ops, for bf16 and int8.
 4. ``--engine``: ``benchmarks.quant.engine_level`` (the engine's step time at batch 1 and
-   64) per weight format (``int4:G`` for a group size); with ``--install`` on the
-   committed tables first, then with the picks.
+   64) per weight format.
 
-    python -m benchmarks.one_token_gemv --json OUT.json [--engine bf16,int8,int4:128]
-        [--chain bf16,int8,int4:128] [--install] [--smoke]
+    python -m benchmarks.one_token_gemv --json OUT.json [--engine bf16,int8] [--install]
+        [--smoke]
 
 ``--smoke``: tiny shapes on the CPU under ``TRITON_INTERPRET=1`` (plumbing only).
 """
@@ -29,7 +28,6 @@ import dataclasses
 import json
 import multiprocessing as mp
 import time
-from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -38,7 +36,7 @@ import torch.nn.functional as F
 from backend.layers import fused_ops, gemv, quant_kernels
 from backend.layers.gemv import ADD_NORM, NONE, SILU_MUL, Prologue
 from backend.layers.linear import WeightFormat
-from backend.layers.quantize import quantize_int4, quantize_int8
+from backend.layers.quantize import quantize_int8
 from backend.model import LlamaModel
 from backend.weights.presets import PRESETS
 from benchmarks.quant import copies_past_l2, engine_level, graph_time_us, rel_err, time_rotating
@@ -58,15 +56,6 @@ BF16 = ((2, 2048, 3, 4), (4, 1024, 3, 4), (4, 512, 3, 4), (8, 256, 3, 4), (8, 51
 _SWEPT = [{k: v for k, v in cfg.items() if k != "kind"}
           for cfg in quant_variants("int8", 1) if cfg["kind"] == "triton" and "MAGIC" in cfg]
 INT8 = _SWEPT + [dict(cfg, XVEC=1) for cfg in _SWEPT if cfg.get("WORDS")]
-# int4 g128 at one token: the word-wise GEMVs ``benchmarks.quant_sweep`` tries, and the
-# committed tile with its rows halved instead of K split (a fused norm needs whole rows)
-G4 = 128
-_SWEPT4 = [{k: v for k, v in cfg.items() if k != "kind"}
-           for cfg in quant_variants(f"int4-g{G4}", 1) if cfg.get("WORDS")]
-INT4 = _SWEPT4 + [dict(MAGIC=1, WORDS=1, BLOCK_N=bn, BYTES=128, num_warps=w, STAGES=st,
-                       PROGRAMS_PER_SM=p, SPLIT_GEMV=0, num_stages=3)
-                  for bn, w, st, p in ((64, 2, 3, 4), (64, 2, 3, 8), (32, 1, 3, 8),
-                                       (32, 2, 3, 4), (16, 1, 3, 8))]
 EPS = 1e-5
 
 
@@ -112,103 +101,17 @@ def checked_time(calls: list, ref: torch.Tensor, device) -> float:
     return time_rotating(calls, device)
 
 
-@dataclasses.dataclass(frozen=True)
-class QuantFormat:
-    """A quantised weight format's one-token paths: ``weights`` makes one copy of a layer's
-    tensors; ``matmul(x, *weights, config=)`` is the layer's unfused call (after the
-    separate prologue kernel), ``fused(x, *weights, prologue, config)`` the GEMV with the
-    prologue inside (None where a config has no fused form)."""
-    name: str
-    variants: list[dict]
-    weights: Callable[..., tuple]
-    nbytes: Callable[[int, int], int]
-    matmul: Callable[..., torch.Tensor]
-    fused: Callable[..., tuple | None]
-    skip: tuple[str, ...] = ()
-    group: int = 0
-
-    def runs(self, shape: str, K: int) -> bool:
-        return shape not in self.skip and (not self.group or (K // 2) % self.group == 0)
-
-    def layer(self, row: dict, N: int, K: int, x: torch.Tensor, pro: Prologue, device,
-              dtype) -> tuple[str, dict]:
-        """Every variant unfused and fused on enough weight copies to rotate past L2, into
-        ``row``; the fastest as (way, config)."""
-        ws = [self.weights(N, K, device, dtype)
-              for _ in range(copies_past_l2(self.nbytes(N, K)))]
-        row[f"{self.name}_copies"] = len(ws)
-        row[f"{self.name}_unfused_us"] = time_rotating(  # the committed one-token path
-            [partial(unfused, x, pro, partial(_apply, self.matmul, w, None)) for w in ws], device)
-        ref = unfused(x, pro, partial(_apply, self.matmul, ws[0], None)).float()
-        options, times = {}, {"unfused": {}, "fused": {}}
-        for i, cfg in enumerate(self.variants):
-            for way in ("unfused", "fused"):
-                calls = [partial(unfused, x, pro, partial(_apply, self.matmul, w, cfg))
-                         if way == "unfused" else partial(self.fused, x, *w, pro, cfg)
-                         for w in ws]
-                try:
-                    if calls[0]() is None:
-                        continue  # not word-wise, or splits K under a norm: no fused form
-                    times[way][i] = options[(way, i)] = checked_time(calls, ref, device)
-                except Exception as exc:
-                    times[way][i] = repr(exc)[:200]
-        row[f"{self.name}_variants"] = self.variants
-        row[f"{self.name}_variant_us"] = times
-        way, i = min(options, key=options.get)
-        row[f"{self.name}_pick"], row[f"{self.name}_pick_us"] = f"{way} {i}", options[(way, i)]
-        return way, self.variants[i]
-
-
-def _apply(matmul: Callable, weights: tuple, config: dict | None, x: torch.Tensor
-           ) -> torch.Tensor:
-    """A layer's call on x: ``matmul(x, *weights, config=config)``."""
-    return matmul(x, *weights, config=config)
-
-
-def _int8_weights(N: int, K: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    q, s = quantize_int8(torch.randn(N, K, device=device) * 0.02)
-    return q, s.to(dtype)
-
-
-def _int4_weights(N: int, K: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    g = quantize_int4(torch.randn(N, K, device=device) * 0.02, G4)
-    return (quant_kernels.pack_int4(g.codes),
-            quant_kernels.pack_scale_min(g.scale.to(dtype), g.min.to(dtype)))
-
-
-def _int4_matmul(x, packed, scale_min, config=None):
-    return quant_kernels.int4_matmul(x, packed, scale_min, G4, config)
-
-
-def _int4_fused(x, packed, scale_min, prologue, config):
-    return quant_kernels.int4_gemv_fused(x, packed, scale_min, G4, prologue, config)
-
-
-QUANT = (QuantFormat("int8", INT8, _int8_weights, lambda N, K: N * K,
-                     quant_kernels.int8_matmul, quant_kernels.int8_gemv_fused),
-         # the LM head stays in the model dtype unless asked
-         QuantFormat("int4", INT4, _int4_weights, lambda N, K: N * K // 2 + N * K // G4 * 4,
-                     _int4_matmul, _int4_fused, skip=("lm_head",), group=G4))
-
-
-def quant_formats(smoke: bool) -> tuple[QuantFormat, ...]:
-    """The quantised formats to time; the smoke run (interpreter) takes int4's last six
-    variants only, the ones without a K split among them."""
-    if not smoke:
-        return QUANT
-    return tuple(dataclasses.replace(f, variants=f.variants[-6:]) if f.name == "int4" else f
-                 for f in QUANT)
-
-
 def _warm(args: tuple) -> list[str]:
     """Compile the variants of a slice of the shapes in a worker (Triton's disk cache)."""
     shapes, smoke = args
     device = torch.device("cpu" if smoke else "cuda")
-    dtype = torch.bfloat16
+    dtype = torch.float32 if smoke else torch.bfloat16
     errors = []
     for name, N, K, kind in shapes:
         x, pro = _inputs(kind, K, device, dtype)
         w = torch.randn(N, K, device=device, dtype=dtype)
+        q = torch.randint(-127, 127, (N, K), dtype=torch.int8, device=device)
+        s = torch.rand(N, device=device, dtype=dtype)
         for v in BF16:
             for p in (pro, Prologue()):
                 try:
@@ -216,16 +119,12 @@ def _warm(args: tuple) -> list[str]:
                               bf16_config(v))
                 except Exception as exc:
                     errors.append(f"bf16 {name} {v}: {exc!r}"[:300])
-        for fmt in quant_formats(smoke):
-            if not fmt.runs(name, K):
-                continue
-            w = fmt.weights(N, K, device, dtype)
-            for cfg in fmt.variants:
-                try:
-                    fmt.fused(x, *w, pro, cfg)
-                    fmt.matmul(x[:, :K].contiguous(), *w, config=cfg)
-                except Exception as exc:
-                    errors.append(f"{fmt.name} {name} {cfg}: {exc!r}"[:300])
+        for cfg in INT8:
+            try:
+                quant_kernels.int8_gemv_fused(x, q, s, pro, cfg)
+                quant_kernels.int8_matmul(x[:, :K].contiguous(), q, s, cfg)
+            except Exception as exc:
+                errors.append(f"int8 {name} {cfg}: {exc!r}"[:300])
     if not smoke:
         torch.cuda.synchronize()
     return errors
@@ -239,10 +138,9 @@ def precompile(shapes, smoke: bool, workers: int) -> list[str]:
         return [e for errs in pool.map(_warm, chunks) for e in errs]
 
 
-def layer_level(shapes, device, dtype, formats: tuple[QuantFormat, ...] = QUANT
-                ) -> tuple[list[dict], dict, dict]:
-    """(a row per shape, bf16 picks, {int8 / int4: {(N, K): (unfused | fused, config)}})"""
-    rows, picks, picksq = [], {}, {fmt.name: {} for fmt in formats}
+def layer_level(shapes, device, dtype) -> tuple[list[dict], dict, dict]:
+    """(a row per shape, bf16 picks, int8 picks: shapes where fusing won)"""
+    rows, picks, picks8 = [], {}, {}
     for name, N, K, kind in shapes:
         n = copies_past_l2(N * K * 2)
         ws = [torch.randn(N, K, device=device, dtype=dtype) * 0.02 for _ in range(n)]
@@ -264,19 +162,40 @@ def layer_level(shapes, device, dtype, formats: tuple[QuantFormat, ...] = QUANT
         picks[(N, K)] = bf16_config(next(v for v in BF16 if str(v) == best))
         row.update(fused_us=fused, best=best, best_us=timed[best])
         del ws
-        for fmt in formats:
-            if fmt.runs(name, K):
-                picksq[fmt.name][(N, K)] = fmt.layer(row, N, K, x, pro, device, dtype)
+        # int8: enough distinct codes to rotate past L2 too (half the bytes of bf16)
+        n8 = copies_past_l2(N * K)
+        qs = [quantize_int8(torch.randn(N, K, device=device) * 0.02) for _ in range(n8)]
+        qs = [(q, s.to(dtype)) for q, s in qs]
+        row["int8_copies"] = n8
+        row["int8_unfused_us"] = time_rotating([partial(  # the committed one-token path
+            unfused, x, pro, partial(quant_kernels.int8_matmul, q=q, scale=s)) for q, s in qs],
+            device)
+        ref8 = unfused(x, pro, partial(quant_kernels.int8_matmul, q=qs[0][0],
+                                       scale=qs[0][1])).float()
+        options, times = {}, {"unfused": {}, "fused": {}}
+        for i, cfg in enumerate(INT8):
+            for way in ("unfused", "fused"):
+                calls = [partial(unfused, x, pro, partial(quant_kernels.int8_matmul, q=q,
+                                                          scale=s, config=cfg))
+                         if way == "unfused" else
+                         partial(quant_kernels.int8_gemv_fused, x, q, s, pro, cfg)
+                         for q, s in qs]
+                try:
+                    if calls[0]() is None:
+                        continue  # not word-wise, or splits K: no fused form
+                    times[way][i] = options[(way, i)] = checked_time(calls, ref8, device)
+                except Exception as exc:
+                    times[way][i] = repr(exc)[:200]
+        row["int8_variants"] = INT8
+        row["int8_variant_us"] = times
+        way, i = min(options, key=options.get)
+        row["int8_pick"], row["int8_pick_us"] = f"{way} {i}", options[(way, i)]
+        picks8[(N, K)] = (way, INT8[i])
         rows.append(row)
+        del qs
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return rows, picks, picksq
-
-
-def _format(weights: str) -> tuple[str, int]:
-    """``int4:128`` -> ("int4", 128); other names keep the default group size (32)."""
-    name, _, group = weights.partition(":")
-    return name, int(group) if group else 32
+    return rows, picks, picks8
 
 
 def chain_level(weights: str, device, dtype, preset: str = "llama-2-7b", tokens: int = 1,
@@ -286,7 +205,7 @@ def chain_level(weights: str, device, dtype, preset: str = "llama-2-7b", tokens:
     (default: the fused one-token path, the Triton ops without it, the eager ops)."""
     cfg = PRESETS[preset]
     model = LlamaModel(cfg, device, dtype, max_len=max(64, tokens),
-                       weight_format=WeightFormat.parse(*_format(weights)))
+                       weight_format=WeightFormat.parse(weights))
     x0 = torch.randn(tokens, cfg.hidden_size, device=device, dtype=dtype)
     cos, sin = model.cos_table[:tokens], model.sin_table[:tokens]
     rows = torch.arange(tokens, dtype=torch.long, device=device)
@@ -338,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
-    dtype = torch.bfloat16  # the interpreter too: the int4 GEMV fuses only bf16
+    dtype = torch.float32 if args.smoke else torch.bfloat16
     shapes = SHAPES_SMOKE if args.smoke else SHAPES_7B
     t0 = time.perf_counter()
     result: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -346,50 +265,39 @@ def main(argv: list[str] | None = None) -> None:
     result["copy_gbs"] = copy_gbs(device)
     result["compile_errors"] = precompile(shapes, args.smoke, args.workers)
     result["compile_s"] = round(time.perf_counter() - t0, 1)
-    rows, picks, picksq = layer_level(shapes, device, dtype, quant_formats(args.smoke))
+    rows, picks, picks8 = layer_level(shapes, device, dtype)
     result["layers"] = rows
     result["committed"] = {"bf16": {f"{n}x{k}": c for (n, k), c in gemv.CONFIGS.items()},
                            "int8 fused": {f"{n}x{k}": c for (n, k), c in
                                           quant_kernels.INT8_FUSED.items()},
-                           "int8 gemv": quant_kernels.CONFIGS["int8"][1],
-                           "int4 fused": {"x".join(map(str, key)): c for key, c in
-                                          quant_kernels.INT4_FUSED.items()},
-                           f"int4-g{G4} gemv": quant_kernels.CONFIGS[f"int4-g{G4}"][1]}
-    result["picks"] = {"bf16": {f"{n}x{k}": c for (n, k), c in picks.items()}}
-    result["picks"].update({fmt: {f"{n}x{k}": c for (n, k), c in p.items()}
-                            for fmt, p in picksq.items()})
-    engines = [_format(w) for w in args.engine.split(",") if w]
-    if args.install:  # the engine on the committed tables first, in this process
-        result["engine_committed"] = [engine_level(*w) for w in engines]
+                           "int8 gemv": quant_kernels.CONFIGS["int8"][1]}
+    result["picks"] = {"bf16": {f"{n}x{k}": c for (n, k), c in picks.items()},
+                       "int8": {f"{n}x{k}": c for (n, k), c in picks8.items()}}
+    if args.install:
         gemv.CONFIGS.update(picks)
-        # the shapes whose pick is fused; an unfused pick is reported only (the one-token
-        # GEMV has one config for every shape, ``CONFIGS[...][1]``)
+        # int8: the shapes whose pick is fused; an unfused pick is reported only (the
+        # one-token GEMV has one config for every shape, ``CONFIGS["int8"][1]``)
         quant_kernels.INT8_FUSED.clear()
-        quant_kernels.INT8_FUSED.update({key: cfg for key, (way, cfg) in picksq["int8"].items()
+        quant_kernels.INT8_FUSED.update({key: cfg for key, (way, cfg) in picks8.items()
                                          if way == "fused"})
-        quant_kernels.INT4_FUSED.clear()
-        quant_kernels.INT4_FUSED.update({(*key, G4): cfg for key, (way, cfg)
-                                         in picksq["int4"].items() if way == "fused"})
     if not args.smoke:
         result["chain"] = []
         for w in args.chain.split(","):
             if w:
                 result["chain"].append(chain_level(w, device, dtype))
                 torch.cuda.empty_cache()
-    result["engine"] = [engine_level(*w) for w in engines]
+    result["engine"] = [engine_level(w, 32) for w in args.engine.split(",") if w]
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
     print(f"copy {result['copy_gbs']} GB/s; compile errors {len(result['compile_errors'])}")
     for r in rows:
         print(f"{r['shape']:8s} cublas {r['cublas_us']:7.1f} unfused {r['unfused_us']:7.1f} "
-              f"fused best {r['best_us']:7.1f} {r['best']}" + "".join(
-                  f"  {f.name} unfused {r[f.name + '_unfused_us']:7.1f} pick "
-                  f"{r[f.name + '_pick']} {r[f.name + '_pick_us']:.1f}"
-                  for f in QUANT if f.name + "_pick" in r))
+              f"fused best {r['best_us']:7.1f} {r['best']}  int8 unfused "
+              f"{r['int8_unfused_us']:7.1f} pick {r['int8_pick']} {r['int8_pick_us']:.1f}")
     for c in result.get("chain", []):
         print(json.dumps(c))
-    for e in result.get("engine_committed", []) + result["engine"]:
+    for e in result["engine"]:
         print(json.dumps(e))
 
 

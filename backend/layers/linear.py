@@ -560,20 +560,6 @@ class Int4Linear(_QuantizedLinear):
             y = F.linear(x, gpu_dequant.int4_dense(self.packed, self.scale_min, G))
         return self._add_bias(y)  # [T, N]
 
-    def one_token(self, x: torch.Tensor, prologue: Prologue
-                  ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        if self.device.type != "cuda" or not self.triton:
-            return None  # the CPU runs torch's packed kernels
-        fused = quant_kernels.int4_gemv_fused(x.contiguous(), self.packed, self.scale_min,
-                                              self.group_size, prologue)
-        return None if fused is None else (self._add_bias(fused[0]), fused[1])
-
-    def one_token_kernel(self, fused: bool) -> str:
-        key = (*self.weight_shape, self.group_size)
-        if fused and self.device.type == "cuda" and key in quant_kernels.INT4_FUSED:
-            return "triton-int4-fused"
-        return self.kernel
-
 
 class Fp8Linear(_QuantizedLinear):
     """e4m3 codes, one float32 scale per output row: W = codes * scale[:, None]. The matmul

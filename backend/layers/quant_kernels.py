@@ -147,10 +147,6 @@ INT8_FUSED: dict[tuple[int, int], dict] = {
     (22016, 4096): dict(BLOCK_N=32, BLOCK_K=256, MAGIC=1, WORDS=1, XVEC=1, num_warps=4,
                         num_stages=4),
 }
-# The int4 one-token GEMV with its prologue fused (``int4_gemv_fused``), per (N, K, G):
-# only where ``benchmarks.one_token_gemv`` measured it faster than the separate prologue
-# kernel then the GEMV.
-INT4_FUSED: dict[tuple[int, int, int], dict] = {}
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 if triton is not None:
@@ -332,41 +328,10 @@ if triton is not None:
         return (a & -65536).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _words(p64, i, mask, EVEN: tl.constexpr):
-        """int64 words p64[i] (four bf16 each); 0 where ``mask`` is off, unless EVEN."""
-        if EVEN:
-            return tl.load(p64 + i)
-        return tl.load(p64 + i, mask=mask, other=0)
-
-    @triton.jit
-    def _act_lane(xw, ow, nw, ro_ptr, off, mask, store_end, B: tl.constexpr,
-                  PRO: tl.constexpr):
-        """Element B of bf16 words as the GEMV's activation before 1 / rms, and the value
-        whose squares make the rms (``gemv.prologue_values`` on words): xw x (gate for
-        SILU_MUL), ow the residual (ADD_NORM) or up (SILU_MUL), nw the norm weight.
-        ADD_NORM stores s = x + residual, rounded to bf16, at columns ``off`` below
-        ``store_end`` where ``mask``."""
-        x = _bf16_of_words(xw.to(tl.int32), (xw >> 32).to(tl.int32), B)
-        if PRO == 3:  # SILU_MUL, rounding as F.silu then the product do
-            u = _bf16_of_words(ow.to(tl.int32), (ow >> 32).to(tl.int32), B)
-            act = (x / (1.0 + tl.exp(-x))).to(tl.bfloat16).to(tl.float32)
-            a = (act * u).to(tl.bfloat16).to(tl.float32)
-            return a, a
-        if PRO == 2:  # ADD_NORM
-            s = (x + _bf16_of_words(ow.to(tl.int32), (ow >> 32).to(tl.int32), B)
-                 ).to(tl.bfloat16)
-            tl.store(ro_ptr + off, s, mask=mask & (off < store_end))
-            x = s.to(tl.float32)
-        if PRO == 0:
-            return x, x
-        return x * _bf16_of_words(nw.to(tl.int32), (nw >> 32).to(tl.int32), B), x
-
-    @triton.jit
     def _int4_gemv_words(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw,
-                         W_SPLIT, r_ptr, nw_ptr, ro_ptr, eps, G: tl.constexpr,
-                         BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr,
-                         STAGES: tl.constexpr, BF16: tl.constexpr, PARTIAL: tl.constexpr,
-                         PRO: tl.constexpr, PDL: tl.constexpr):
+                         W_SPLIT, G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                         EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr,
+                         PARTIAL: tl.constexpr, PDL: tl.constexpr):
         # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
         # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
         # A nibble decodes with one AND (``_subnormal``: n * 2^(P - 149) for its bit
@@ -382,9 +347,6 @@ if triton is not None:
         # int64, x as int64 words of four values. 2-byte loads stay outside the pipeline,
         # and their latency was paid every step: 57.0 -> 48.2 us a Llama-2-7B block on an
         # H200 with this and three stages (docs/benchmarks/quant.md).
-        # PRO (BF16 only): the activation's prologue from words of x, the residual and the
-        # norm weight (``_act_lane``); a norm needs one split, and its 1 / rms multiplies
-        # the finished sums, as in ``gemv``.
         pdl_wait(PDL)
         pid_k = tl.program_id(1)
         half = K // 2
@@ -393,8 +355,6 @@ if triton is not None:
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
         acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
-        ss = tl.zeros((GROUPS, GW), dtype=tl.float32)
-        store_end = (tl.program_id(0) == 0).to(tl.int32) * K  # the next residual's writers
         for j0 in tl.range(pid_k * W_SPLIT, tl.minimum(hw, (pid_k + 1) * W_SPLIT), GROUPS * GW,
                            num_stages=STAGES):
             g = j0 // GW + tl.arange(0, GROUPS)  # [GROUPS]
@@ -409,31 +369,19 @@ if triton is not None:
                             mask=sm[:, :, None], other=0)
             if BF16:
                 xw = x_ptr.to(tl.pointer_type(tl.int64))
-                wm = gm[:, None]
                 if EVEN:
                     r = tl.load(sm_ptr.to(tl.pointer_type(tl.int64)) + ri)
+                    xw_lo = tl.load(xw + wi)  # x[4i .. 4i + 3]
+                    xw_hi = tl.load(xw + hw + wi)  # x[half + 4i ..]
                 else:
                     r = tl.load(sm_ptr.to(tl.pointer_type(tl.int64)) + ri, mask=sm, other=0)
-                # x[4i .. 4i + 3] and x[half + 4i ..]; with a prologue the words of its
-                # other inputs at the same columns (up: K columns on, in x's gate | up row)
-                xw_lo = _words(xw, wi, wm, EVEN)
-                xw_hi = _words(xw, hw + wi, wm, EVEN)
-                if PRO == 3:  # SILU_MUL
-                    o_lo = _words(xw, 2 * hw + wi, wm, EVEN)
-                    o_hi = _words(xw, 3 * hw + wi, wm, EVEN)
-                elif PRO == 2:  # ADD_NORM
-                    o_lo = _words(r_ptr.to(tl.pointer_type(tl.int64)), wi, wm, EVEN)
-                    o_hi = _words(r_ptr.to(tl.pointer_type(tl.int64)), hw + wi, wm, EVEN)
-                else:
-                    o_lo, o_hi = xw_lo, xw_hi
-                if PRO == 1 or PRO == 2:
-                    n_lo = _words(nw_ptr.to(tl.pointer_type(tl.int64)), wi, wm, EVEN)
-                    n_hi = _words(nw_ptr.to(tl.pointer_type(tl.int64)), hw + wi, wm, EVEN)
-                else:
-                    n_lo, n_hi = xw_lo, xw_hi
+                    xw_lo = tl.load(xw + wi, mask=gm[:, None], other=0)
+                    xw_hi = tl.load(xw + hw + wi, mask=gm[:, None], other=0)
                 r0, r1 = r.to(tl.int32), (r >> 32).to(tl.int32)
                 s_lo, z_lo = _bf16_of_words(r0, r1, 0), _bf16_of_words(r0, r1, 1)
                 s_hi, z_hi = _bf16_of_words(r0, r1, 2), _bf16_of_words(r0, r1, 3)
+                l0, l1 = xw_lo.to(tl.int32), (xw_lo >> 32).to(tl.int32)
+                h0, h1 = xw_hi.to(tl.int32), (xw_hi >> 32).to(tl.int32)
             else:
                 sp = sm_ptr + ri * 4
                 s_lo = tl.load(sp, mask=sm, other=0.0).to(tl.float32)
@@ -448,12 +396,8 @@ if triton is not None:
             xs_hi = tl.zeros((GROUPS, GW), dtype=tl.float32)
             for b in tl.static_range(4):
                 if BF16:
-                    xl, sl = _act_lane(xw_lo, o_lo, n_lo, ro_ptr, 4 * wi + b, wm, store_end,
-                                       b, PRO)
-                    xh, sh = _act_lane(xw_hi, o_hi, n_hi, ro_ptr, half + 4 * wi + b, wm,
-                                       store_end, b, PRO)
-                    if PRO == 1 or PRO == 2:
-                        ss += sl * sl + sh * sh
+                    xl = _bf16_of_words(l0, l1, b)
+                    xh = _bf16_of_words(h0, h1, b)
                 else:
                     xl = tl.load(xp + b, mask=gm[:, None], other=0.0).to(tl.float32)
                     xh = tl.load(xp + half + b, mask=gm[:, None], other=0.0).to(tl.float32)
@@ -478,7 +422,6 @@ if triton is not None:
             acc_z += z_lo * tl.sum(xs_lo, axis=1)[None, :] + z_hi * tl.sum(xs_hi, axis=1)[None, :]
         pdl_release(PDL)
         y = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
-        y = y * norm_scale(tl.sum(tl.sum(ss, axis=1), axis=0), K, eps, PRO)
         _store_row(y_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, PARTIAL)
 
     @triton.jit
@@ -823,9 +766,14 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
         if cfg.get("WORDS"):
             bn, split, per = _gemv_grid(cfg, N, K // 8, groups * G // 4, x.device)
-            out = added_in_kernel(x, M, N, split, triton.cdiv(N, bn))
-            _int4_words(x, packed, scale_min, G, out, cfg, bn, split, per, Prologue())
-            return out[0]
+            y, part, cnt = added_in_kernel(x, M, N, split, triton.cdiv(N, bn))
+            _int4_gemv_words[(triton.cdiv(N, bn), split)](
+                x, packed.view(torch.int32), scale_min, y, part, cnt, N, K, K // 8, per, G=G,
+                BLOCK_N=bn, GROUPS=groups, EVEN=N % bn == 0 and half % (groups * G) == 0,
+                STAGES=cfg.get("STAGES", 1),
+                BF16=x.dtype == scale_min.dtype == torch.bfloat16 and K % 8 == 0,
+                PARTIAL=split > 1, **_launch_opts(cfg, x.device))
+            return y
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn = cfg["BLOCK_N"]
         even = N % bn == 0 and half % (groups * G) == 0
@@ -848,45 +796,6 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
         GROUPS=groups, MAGIC=cfg["MAGIC"], PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0),
         **_launch_opts(cfg, x.device))
     return finish_splits(y, out, split)
-
-
-def int4_gemv_fused(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
-                    group_size: int, prologue: Prologue, config: dict | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """One token through the word-wise int4 GEMV with ``prologue`` fused in (see ``gemv``):
-    (y [1, N], the residual to carry), or None where the shape has no entry in
-    ``INT4_FUSED`` (and no config is given), x or the scales are not bf16, or a norm would
-    need K split (it needs whole rows): then the caller runs the steps apart."""
-    K = prologue.in_features(x)
-    N, G = packed.shape[0], group_size
-    cfg = config or INT4_FUSED.get((N, K, G))
-    if not (cfg and cfg.get("WORDS") and "BYTES" in cfg and x.shape[0] == 1 and K % 8 == 0
-            and x.dtype == scale_min.dtype == torch.bfloat16):
-        return None
-    groups = max(1, cfg["BYTES"] // G)
-    bn, split, per = _gemv_grid(cfg, N, K // 8, groups * G // 4, x.device)
-    if split > 1 and prologue.normed:
-        return None
-    out = added_in_kernel(x, 1, N, split, triton.cdiv(N, bn))
-    return out[0], _int4_words(x, packed, scale_min, G, out, cfg, bn, split, per, prologue)
-
-
-def _int4_words(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor, G: int,
-                out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cfg: dict, bn: int,
-                split: int, per: int, prologue: Prologue) -> torch.Tensor | None:
-    """Launch ``_int4_gemv_words`` (``bn`` rows a program, K split ``split`` ways of ``per``
-    words of each row half) into ``out`` (``added_in_kernel``'s y, partials, counters);
-    the residual to carry."""
-    N, K = packed.shape[0], 2 * packed.shape[1]
-    groups = max(1, cfg["BYTES"] // G)
-    r_in, nw, r_out, carried = prologue.args(x)
-    _int4_gemv_words[(triton.cdiv(N, bn), split)](
-        x, packed.view(torch.int32), scale_min, *out, N, K, K // 8, per, r_in, nw, r_out,
-        prologue.eps, G=G, BLOCK_N=bn, GROUPS=groups,
-        EVEN=N % bn == 0 and (K // 2) % (groups * G) == 0, STAGES=cfg.get("STAGES", 1),
-        BF16=x.dtype == scale_min.dtype == torch.bfloat16 and K % 8 == 0,
-        PARTIAL=split > 1, PRO=prologue.kind, **_launch_opts(cfg, x.device))
-    return carried
 
 
 def _int4_stream(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor, G: int,

@@ -1,6 +1,5 @@
 """benchmarks.one_token_gemv end to end on the CPU under Triton's interpreter (--smoke: tiny
-shapes, bf16): every fused variant runs within tolerance of the unfused steps (int4's fused
-GEMV on the shape whose int4 rows it takes) and picks come out."""
+shapes): every fused variant runs within tolerance of the unfused steps and picks come out."""
 from __future__ import annotations
 
 import json
@@ -18,23 +17,15 @@ def test_every_variant_runs_and_picks_come_out(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-m", "benchmarks.one_token_gemv", "--smoke",
                           "--json", str(path)], env=env, capture_output=True, text=True,
-                         timeout=600)
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(path.read_text())
     assert result["compile_errors"] == []
     for row in result["layers"]:
         # a variant's entry is its time, or the error (a mismatch is an AssertionError)
         assert all(isinstance(t, float) for t in row["fused_us"].values()), row["fused_us"]
-        for fmt in ("int8", "int4"):
-            if fmt + "_variant_us" not in row:
-                assert fmt == "int4" and row["K"] // 2 % 128  # int4 g128 needs K/2 in groups
-                continue
-            times = row[fmt + "_variant_us"]
-            for way in ("unfused", "fused"):  # every variant of each way ran and matched
-                assert all(isinstance(t, float) for t in times[way].values()), row
-            assert len(times["unfused"]) == len(row[fmt + "_variants"])
-        if "int4_variant_us" in row:  # no K split at this size: every variant fuses
-            assert len(row["int4_variant_us"]["fused"]) == len(row["int4_variants"])
+        for way in ("unfused", "fused"):  # every variant of each way ran and matched
+            assert all(isinstance(t, float) for t in row["int8_variant_us"][way].values()), row
+        assert len(row["int8_variant_us"]["unfused"]) == len(row["int8_variants"])
         assert row["best"] in row["fused_us"]
     assert set(result["picks"]["bf16"]) == {f"{r['N']}x{r['K']}" for r in result["layers"]}
-    assert set(result["picks"]["int4"]) == {"48x256"}

@@ -1,5 +1,5 @@
-"""One-token GEMVs with their prologue fused in (``backend.layers.gemv``, and the int8 and
-int4 word-wise GEMVs' twins in ``quant_kernels``) against the unfused torch path: the eager norm /
+"""One-token GEMVs with their prologue fused in (``backend.layers.gemv``, and the int8
+word-wise GEMV's twin in ``quant_kernels``) against the unfused torch path: the eager norm /
 SiLU·mul, then the matmul. Under the Triton interpreter on the CPU; on CUDA the same."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from backend.layers import fused_ops, gemv, quant_kernels
 from backend.layers.gemv import ADD_NORM, NONE, NORM, SILU_MUL, Prologue
 from backend.layers.linear import DenseLinear, matmul
-from backend.layers.quantize import quantize_int4, quantize_int8
+from backend.layers.quantize import quantize_int8
 
 pytestmark = pytest.mark.skipif(not gemv.AVAILABLE, reason="needs triton (interpreter)")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -102,58 +102,6 @@ def test_int8_gemv_leaves_split_rows_to_the_unfused_steps() -> None:
                  num_warps=4, num_stages=3)
     assert quant_kernels.int8_gemv_fused(x, q, s, Prologue(NORM, None, norm_w, EPS),
                                          split) is None
-
-
-def _int4_inputs(kind: int, N: int, K: int):
-    """bf16 activations and int4 g128 weights with bf16 scale records; the dequantised
-    weight transposed (float32) for the reference."""
-    x, residual, norm_w, prologue = _inputs(kind, K, torch.bfloat16)
-    g = quantize_int4(_rand(N, K, seed=13) * 0.1, 128)
-    packed = quant_kernels.pack_int4(g.codes)
-    sm = quant_kernels.pack_scale_min(g.scale.bfloat16(), g.min.bfloat16())
-    w_t = quant_kernels.dequantize_int4(packed, sm, 128).float().t()
-    return x, residual, norm_w, prologue, packed, sm, w_t
-
-
-# 64 rows a program (N = 40: a partial tile; 48 / 16: whole ones), one and three stages,
-# K split two ways (a SiLU·mul prologue may split; a norm may not)
-_INT4_WORDS = dict(BYTES=128, MAGIC=1, WORDS=1, num_warps=2, num_stages=3)
-INT4_FUSED_CONFIGS = [dict(_INT4_WORDS, BLOCK_N=16), dict(_INT4_WORDS, BLOCK_N=64, STAGES=3),
-                      dict(_INT4_WORDS, BLOCK_N=16, STAGES=3, PROGRAMS_PER_SM=8, SPLIT_GEMV=1)]
-
-
-@pytest.mark.parametrize("kind", [NONE, NORM, ADD_NORM, SILU_MUL])
-@pytest.mark.parametrize("N", [40, 48])
-def test_int4_gemv_with_each_prologue_matches_the_unfused_steps(kind, N) -> None:
-    K = 1024  # four groups of 128 in each row half (four loop steps: K splits in two)
-    x, residual, norm_w, prologue, packed, sm, w_t = _int4_inputs(kind, N, K)
-    want, want_res = _unfused(kind, x, residual, norm_w, w_t)
-    ran = 0
-    for cfg in INT4_FUSED_CONFIGS:
-        got = quant_kernels.int4_gemv_fused(x, packed, sm, 128, prologue, cfg)
-        if got is None:  # K split: only where the prologue is no norm
-            assert prologue.normed and cfg.get("SPLIT_GEMV")
-            continue
-        ran += 1
-        y, carried = got
-        assert y.dtype == torch.bfloat16 and y.shape == (1, N)
-        # bf16 activations: the fused path skips the normed activation's rounding, and the
-        # interpreter truncates where torch rounds
-        assert ((y.float() - want).abs().max() / want.abs().max()).item() < 2e-2
-        if kind == ADD_NORM:
-            torch.testing.assert_close(carried, want_res, atol=2e-2, rtol=2e-2)
-        elif kind == NORM:
-            assert carried is x
-        else:
-            assert carried is None
-    assert ran == (2 if prologue.normed else 3)
-
-
-def test_int4_gemv_fused_needs_a_table_entry_and_bf16() -> None:
-    x, _, _, prologue, packed, sm, _ = _int4_inputs(ADD_NORM, 48, 512)
-    assert quant_kernels.int4_gemv_fused(x, packed, sm, 128, prologue) is None  # no entry
-    cfg = INT4_FUSED_CONFIGS[0]
-    assert quant_kernels.int4_gemv_fused(x.float(), packed, sm, 128, prologue, cfg) is None
 
 
 @pytest.mark.parametrize("tokens", [1, 3])
