@@ -384,10 +384,14 @@ if triton is not None:
                 h0, h1 = xw_hi.to(tl.int32), (xw_hi >> 32).to(tl.int32)
             else:
                 sp = sm_ptr + ri * 4
-                s_lo = tl.load(sp, mask=sm, other=0.0).to(tl.float32)
-                z_lo = tl.load(sp + 1, mask=sm, other=0.0).to(tl.float32)
-                s_hi = tl.load(sp + 2, mask=sm, other=0.0).to(tl.float32)
-                z_hi = tl.load(sp + 3, mask=sm, other=0.0).to(tl.float32)
+                if EVEN:
+                    s_lo, z_lo = tl.load(sp).to(tl.float32), tl.load(sp + 1).to(tl.float32)
+                    s_hi, z_hi = tl.load(sp + 2).to(tl.float32), tl.load(sp + 3).to(tl.float32)
+                else:
+                    s_lo = tl.load(sp, mask=sm, other=0.0).to(tl.float32)
+                    z_lo = tl.load(sp + 1, mask=sm, other=0.0).to(tl.float32)
+                    s_hi = tl.load(sp + 2, mask=sm, other=0.0).to(tl.float32)
+                    z_hi = tl.load(sp + 3, mask=sm, other=0.0).to(tl.float32)
             w8 = w >> 8  # byte 3's nibbles at bits 16..23
             xp = x_ptr + 4 * wi  # [GROUPS, GW]
             t_lo = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
@@ -398,6 +402,9 @@ if triton is not None:
                 if BF16:
                     xl = _bf16_of_words(l0, l1, b)
                     xh = _bf16_of_words(h0, h1, b)
+                elif EVEN:
+                    xl = tl.load(xp + b).to(tl.float32)
+                    xh = tl.load(xp + half + b).to(tl.float32)
                 else:
                     xl = tl.load(xp + b, mask=gm[:, None], other=0.0).to(tl.float32)
                     xh = tl.load(xp + half + b, mask=gm[:, None], other=0.0).to(tl.float32)
