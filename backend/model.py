@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backend.layers import cpu_dequant
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.fused_ops import EAGER, TRITON, StepOps
 from backend.layers.gemv import ADD_NORM, NORM, SILU_MUL, Prologue
@@ -167,6 +168,8 @@ class LlamaModel(nn.Module):
         else:
             self.lm_head = make_linear(lm_head_format, cfg.vocab_size, cfg.hidden_size, False,
                                        device, dtype)
+            if hasattr(self.lm_head, "copy_min_rows"):  # a quantised head on the CPU
+                self.lm_head.copy_min_rows = cpu_dequant.HEAD_COPY_MIN_ROWS
         max_len = max_len or cfg.max_position_embeddings
         inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)  # [L, hd / 2]

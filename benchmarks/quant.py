@@ -12,7 +12,10 @@ weights), in one run:
 decode and a 512-token prefill), interleaved repetition by repetition. ``--cpu-crossover``
 times SmolLM2's layer shapes on the CPU per number of tokens M: the packed int8/int4
 kernels, the dequantise-then-dense path (``cpu_dequant``) and bf16, to place
-``cpu_dequant.DENSE_MIN_ROWS``.
+``cpu_dequant.DENSE_MIN_ROWS``. ``--cpu-copy-crossover`` times the served model's quantised
+layers as the engine keeps them (packed codes beside their dense prefill copies), every block
+in turn so the weights come from memory as in a step, per M through the packed kernel and
+through the copy, to place ``cpu_dequant.COPY_MIN_ROWS``.
 
 Parts that would start after ``--budget-s`` seconds are skipped and listed as such.
 """
@@ -29,6 +32,7 @@ from itertools import cycle
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
@@ -118,6 +122,70 @@ def cpu_crossover(reps: int) -> list[dict]:
                          "fp16_fbgemm": None if fp16 is None else
                          round(_cpu_time_us(partial(fp16, x.float()), reps), 1)})
     return rows
+
+
+COPY_CROSSOVER_M = (1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 64, 96, 128)
+
+
+def _through_copy(layer, x: torch.Tensor) -> torch.Tensor:
+    w = layer.prefill_weight
+    return x @ w if layer.kernel.startswith("torch._weight_int4") else F.linear(x, w) * layer.scale
+
+
+def cpu_copy_crossover(model: str, weights: str, reps: int) -> list[dict]:
+    """Per M: ms for every quantised block layer of ``model`` (served with ``weights``, its
+    dense prefill copies kept) through the packed kernel and through the copy; the paths
+    interleaved repetition by repetition, medians and every sample."""
+    from backend.layers.linear import Int4Linear, Int8Linear
+    from backend.weights.loader import load_model_source
+
+    engine = LLMEngine(EngineConfig(weights_dtype=weights, prefill_dense_weights="on",
+                                    kv_cache_memory_gib=0.05, max_model_len=256,
+                                    enable_prefix_caching=False), load_model_source(model))
+    layers = [m for m in engine.runner.model.layers.modules()
+              if isinstance(m, (Int4Linear, Int8Linear)) and m.prefill_weight is not None]
+    if not layers:
+        raise SystemExit(f"{model} with --weights-dtype {weights}: no quantised layer keeps "
+                         "a dense copy here")
+    head = engine.runner.model.lm_head
+    sets = {"": layers}
+    if isinstance(head, (Int4Linear, Int8Linear)) and head.prefill_weight is not None:
+        sets["head_"] = [head]  # alone: it reads its weight from memory every step
+    rows = []
+    for M in COPY_CROSSOVER_M:
+        xs = {k: torch.randn(M, k, dtype=engine.runner.model.dtype)
+              for k in {m.in_features for m in layers + [head]}}
+        row = {"M": M, "layers": len(layers), "kernel": layers[0].kernel,
+               "head_kernel": head.kernel}
+        for prefix, members in sets.items():
+            packed = _int4_packed if isinstance(members[0], Int4Linear) else _int8_packed
+            paths = {"packed": packed, "copy": _through_copy}
+            samples: dict[str, list[float]] = {p: [] for p in paths}
+            for _ in range(reps + 1):  # the first round warms up, not kept
+                for p, fn in paths.items():
+                    if prefix:
+                        _evict_caches()
+                    t = time.perf_counter()
+                    for m in members:
+                        fn(m, xs[m.in_features])
+                    samples[p].append((time.perf_counter() - t) * 1e3)
+            row.update({f"{prefix}{p}_ms": round(statistics.median(v[1:]), 3)
+                        for p, v in samples.items()})
+            row.update({f"{prefix}{p}_ms_samples": [round(t, 3) for t in v[1:]]
+                        for p, v in samples.items()})
+        rows.append(row)
+    return rows
+
+
+_EVICT = None
+
+
+def _evict_caches() -> None:
+    """Writes 64 MiB, so a weight timed next comes from memory as after a step's layers."""
+    global _EVICT
+    if _EVICT is None:
+        _EVICT = torch.zeros(64 << 20, dtype=torch.uint8)
+    _EVICT.add_(1)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -300,7 +368,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--cpu-crossover", action="store_true",
                     help="CPU mode instead: per-layer packed vs dequantise+dense vs bf16 by M")
+    ap.add_argument("--cpu-copy-crossover", metavar="WEIGHTS", default=None,
+                    help="CPU mode instead: the model's layers (--model, served with this "
+                         "--weights-dtype, e.g. auto) through the packed kernel vs their dense "
+                         "copies by M")
     args = ap.parse_args(argv)
+    if args.cpu_copy_crossover:
+        result = {"load_start": os.getloadavg(), "threads": torch.get_num_threads(),
+                  "model": args.model, "weights": args.cpu_copy_crossover,
+                  "steps": cpu_copy_crossover(args.model, args.cpu_copy_crossover, args.reps),
+                  "load_end": os.getloadavg()}
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+        print("   M  packed ms  copy ms  (every quantised block layer once)  head: packed  copy")
+        for r in result["steps"]:
+            print(f"{r['M']:4} {r['packed_ms']:9.2f} {r['copy_ms']:8.2f} "
+                  f"{r.get('head_packed_ms', float('nan')):41.2f} "
+                  f"{r.get('head_copy_ms', float('nan')):5.2f}")
+        return
     if args.cpu_crossover:
         result = {"load_start": os.getloadavg(), "threads": torch.get_num_threads(),
                   "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -25,6 +25,14 @@ import torch.nn.functional as F
 # Rows (tokens) from which a call dequantises instead of running the packed kernel. Measured
 # on the 2-core AVX-512 VM with SmolLM2's shapes (benchmarks.quant --cpu-crossover).
 DENSE_MIN_ROWS = {"int8": 64, "int4": 128}
+# Rows from which a layer that keeps a dense copy (``--prefill-dense-weights``) multiplies by
+# it: with no dequantising pass to pay, the copy wins far sooner. Measured on the 2-core
+# AVX-512 VM over all of SmolLM2's block layers in turn, weights from memory as in a step
+# (benchmarks.quant --cpu-copy-crossover): int8 ties at 8-12 rows, int4 at 20.
+COPY_MIN_ROWS = {"int8": 16, "int4": 24}
+# The same for an LM head (49152 x 576 for SmolLM2, 28 MB of int8 read from memory every
+# step): the packed int8 kernel's time jumps past 4 rows, the copy wins from 6.
+HEAD_COPY_MIN_ROWS = {"int8": 6}
 CHUNK_ELEMENTS = 1 << 22  # weights dequantised at once: 8 MiB of bf16 scratch at most
 
 # A nibble q becomes a float exactly by writing it into the low mantissa bits of a power of

@@ -12,10 +12,11 @@ Kernels (``Linear.kernel`` names the one that runs):
     activations on an x86 CPU: fbgemm's packed fp16 kernel for few rows (``cpu_fp16``).
   * CPU int8: ``torch._weight_int8pack_mm``; CPU int4: ``torch._weight_int4pack_mm_for_cpu``
     over ``_convert_weight_to_int4pack_for_cpu``'s layout (both oneDNN/AVX-512 kernels that
-    read the packed codes directly) for few tokens; from ``cpu_dequant.DENSE_MIN_ROWS``
-    tokens on (prefill) the dense matmul runs, on a dense copy of the weight in the model
-    dtype kept beside the codes where ``keep_prefill_dense`` built one (it fits the memory
-    budget), else on the weight dequantised per call into a scratch buffer (``cpu_dequant``).
+    read the packed codes directly) for few tokens; from ``cpu_dequant.COPY_MIN_ROWS`` tokens
+    on (larger batches, prefill) the dense matmul on a copy of the weight in the model dtype
+    kept beside the codes where ``keep_prefill_dense`` built one (it fits the memory budget),
+    else from ``cpu_dequant.DENSE_MIN_ROWS`` tokens on the weight dequantised per call into a
+    scratch buffer (``cpu_dequant``).
   * CUDA int8/int4: Triton GEMV (one token) and dequantising GEMM (up to ``TRITON_MAX_M``
     tokens, split along K for skinny layers) from ``quant_kernels``, tile shapes per token
     count from its ``CONFIGS``; larger batches (prefill) dequantise to the model dtype and
@@ -362,6 +363,9 @@ class _QuantizedLinear(Linear):
         # so ``.to`` moves it, not persistent since it is derived from the codes.
         self.prefill_weight: torch.Tensor | None
         self.register_buffer("prefill_weight", None, persistent=False)
+        # from how many rows a kept copy is used: the block layers' crossover by default; the
+        # model gives its LM head the head's (``cpu_dequant.HEAD_COPY_MIN_ROWS``)
+        self.copy_min_rows = cpu_dequant.COPY_MIN_ROWS
 
     def load_rows(self, rows: slice, value: torch.Tensor | GroupQuantized) -> None:
         n = len(range(*rows.indices(self.out_features)))
@@ -407,6 +411,13 @@ class _QuantizedLinear(Linear):
 
     def _dense_copy_possible(self) -> bool:
         return self.device.type == "cpu" and self.kernel != "unloaded"
+
+    def _through_copy(self, x: torch.Tensor, kind: str) -> bool:
+        """Whether this CPU call multiplies by the kept dense copy: enough rows
+        (``copy_min_rows``) and a copy in the activations' dtype."""
+        w = self.prefill_weight
+        return (w is not None and w.dtype == x.dtype
+                and x.shape[0] >= self.copy_min_rows.get(kind, cpu_dequant.COPY_MIN_ROWS[kind]))
 
     def _dense_for_prefill(self) -> torch.Tensor:
         """The dense copy, from the packed codes, with the per-call path's own arithmetic."""
@@ -455,10 +466,10 @@ class Int8Linear(_QuantizedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         if self.device.type == "cpu":
             w = self.prefill_weight
-            if x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int8"]:
-                y = torch._weight_int8pack_mm(x, self.q, self.scale)
-            elif w is not None and w.dtype == x.dtype:
+            if self._through_copy(x, "int8"):
                 y = F.linear(x, w) * self.scale  # int8_matmul without its conversion pass
+            elif x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int8"]:
+                y = torch._weight_int8pack_mm(x, self.q, self.scale)
             else:
                 y = cpu_dequant.int8_matmul(x, self.q, self.scale)
         elif quant_kernels.AVAILABLE and x.shape[0] <= TRITON_MAX_M:
@@ -547,11 +558,10 @@ class Int4Linear(_QuantizedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         G = self.group_size
         if self.device.type == "cpu":
-            w = self.prefill_weight
-            if x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int4"] or not self.dense_from_packed:
+            if self._through_copy(x, "int4"):
+                y = x @ self.prefill_weight  # int4_matmul without its dequantising pass
+            elif x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int4"] or not self.dense_from_packed:
                 y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)
-            elif w is not None and w.dtype == x.dtype:
-                y = x @ w  # int4_matmul without its dequantising pass
             else:
                 y = cpu_dequant.int4_matmul(x, self.packed, self.scale_zero, G)
         elif self.triton and x.shape[0] <= TRITON_MAX_M:

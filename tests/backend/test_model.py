@@ -93,15 +93,18 @@ def test_smollm2_bfloat16_stays_close_to_float32(smollm2_source, monkeypatch) ->
     pinned here for CPUs without it): same answer, logits near the fp32 ones."""
     monkeypatch.setattr(model_runner, "cpu_packed_kernels_fast", lambda: True)
     tok = smollm2_source.tokenizer
+    # Not the capital of France: there the first answer token is a near tie ('The' 25.35
+    # against 'L' 25.25 in fp32), one bf16 step of a logit that size, so any change of
+    # rounding in the bf16 path may pick either.
     prompt = tok.encode(tok.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}]))
+        [{"role": "user", "content": "What is the capital of Germany?"}]))
     fp32 = _engine(smollm2_source)
     bf16 = LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, max_model_len=512,
                                   dtype="bfloat16"), smollm2_source)
     a, b = fp32.score(prompt), bf16.score(prompt)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
     params = SamplingParams(max_tokens=12, temperature=0.0)
-    assert "Paris" in tok.decode(bf16.generate([prompt], params)[0])
+    assert "Berlin" in tok.decode(bf16.generate([prompt], params)[0])
 
 
 def test_smollm2_batch_invariance_with_chunked_prefill(smollm2_source) -> None:

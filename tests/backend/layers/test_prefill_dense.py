@@ -40,9 +40,12 @@ def _refuse(*args: object) -> torch.Tensor:
 @pytest.mark.parametrize("chunk", [1 << 22, 64 * 64], ids=["one-block", "blocks"])
 def test_dense_copy_gives_the_dequantising_paths_bits(kind, dtype, chunk, monkeypatch):
     monkeypatch.setattr(cpu_dequant, "CHUNK_ELEMENTS", chunk)
+    # Without a copy the per-call pass starts where a copy would be used, so each row count
+    # runs the same arithmetic with and without the copy.
+    threshold = cpu_dequant.COPY_MIN_ROWS[kind]
+    monkeypatch.setitem(cpu_dequant.DENSE_MIN_ROWS, kind, threshold)
     n, k = 320, 128
     layer = _layer(kind, n, k, dtype, seed=3)
-    threshold = cpu_dequant.DENSE_MIN_ROWS[kind]
     rows = (1, threshold - 1, threshold, 3 * threshold + 5)
     before = {m: layer(_x(m, k, dtype)) for m in rows}  # no copy: scratch pass / packed
     assert layer.prefill_kernel() == "cpu-dequant+F.linear"
@@ -61,6 +64,28 @@ def test_dense_copy_gives_the_dequantising_paths_bits(kind, dtype, chunk, monkey
     assert layer.keep_prefill_dense(False) == 0 and layer.prefill_weight is None
     with pytest.raises(AssertionError, match="dequantising pass ran"):
         layer(_x(threshold, k, dtype))  # dropped: back on the per-call pass
+
+
+def _refuse_packed(*args: object) -> torch.Tensor:
+    raise AssertionError("the packed kernel ran")
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_kept_copy_takes_batches_the_packed_kernel_would(kind, monkeypatch):
+    # Below the per-call pass's threshold and from the copy's: the packed kernel without a
+    # copy, the copy with one; fewer rows keep the packed kernel either way.
+    copy_rows, dense_rows = cpu_dequant.COPY_MIN_ROWS[kind], cpu_dequant.DENSE_MIN_ROWS[kind]
+    assert copy_rows < dense_rows
+    layer = _layer(kind, 128, 64, torch.bfloat16, seed=6)
+    packed = ("_weight_int8pack_mm" if kind == "int8" else "_weight_int4pack_mm_for_cpu")
+    x = _x(copy_rows, 64, torch.bfloat16)
+    without = layer(x)
+    layer.keep_prefill_dense(True)
+    monkeypatch.setattr(torch, packed, _refuse_packed)
+    with_copy = layer(x)
+    assert (with_copy - without).abs().max() <= 0.05 * without.abs().max()
+    with pytest.raises(AssertionError, match="packed kernel ran"):
+        layer(_x(copy_rows - 1, 64, torch.bfloat16))
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
