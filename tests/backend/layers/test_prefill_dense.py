@@ -188,3 +188,17 @@ def test_engine_reports_its_choice_and_scores_the_same():
             False, 0, need), name
         assert stats[name].prefill_kernel == "cpu-dequant+F.linear"
     assert torch.equal(scores["auto"], scores["off"])
+
+
+def test_an_int8_head_takes_its_copy_from_its_own_row_count(monkeypatch):
+    # The head reads its whole weight from memory every step: its copy wins at fewer rows
+    # than a block layer's, and the model gives it that threshold.
+    model = _model("int8", "int8")
+    keep_prefill_dense(model.modules(), "on", 0)
+    head, block = model.lm_head, model.layers[0].o
+    rows = cpu_dequant.HEAD_COPY_MIN_ROWS["int8"]
+    assert rows < cpu_dequant.COPY_MIN_ROWS["int8"]
+    monkeypatch.setattr(torch, "_weight_int8pack_mm", _refuse_packed)
+    head(_x(rows, head.in_features, torch.bfloat16))  # through the copy
+    with pytest.raises(AssertionError, match="packed kernel ran"):
+        block(_x(rows, block.in_features, torch.bfloat16))

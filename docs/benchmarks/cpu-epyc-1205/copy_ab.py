@@ -1,0 +1,68 @@
+"""A/B in one process: the CPU engine with its defaults (SmolLM2's Q4_1 codes as int4, the
+Q8_0 head as int8, dense prefill copies kept) with the kept copies used from
+cpu_dequant.COPY_MIN_ROWS rows (the head from HEAD_COPY_MIN_ROWS; "copy") or, as before,
+only from DENSE_MIN_ROWS ("before"), alternating round by round. Decode step time at batch
+1 / 8 / 32 / 64 (16-token prompts) and the time to the first token of a 48- and a 100-token
+prompt."""
+import json
+import os
+import statistics
+import sys
+import time
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling import SamplingParams
+from backend.layers import cpu_dequant
+from backend.weights.loader import load_model_source
+
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+COPY = dict(cpu_dequant.COPY_MIN_ROWS)
+HEAD = dict(cpu_dequant.HEAD_COPY_MIN_ROWS)
+BEFORE = {k: cpu_dequant.DENSE_MIN_ROWS[k] for k in COPY}
+eng = LLMEngine(EngineConfig(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
+                             enable_prefix_caching=False), load_model_source("smollm2-135m-instruct"))
+st = eng.stats()
+out = {"load_start": os.getloadavg(), "weights": st.weights_format, "kernel": st.linear_kernel,
+       "copy_min_rows": COPY, "head_copy_min_rows": HEAD, "dense_min_rows": BEFORE,
+       "samples": {}}
+
+
+def decode_ms(batch, steps=24):
+    for i in range(batch):
+        eng.add_request(f"b{batch}-{i}-{time.time()}", list(range(200 + i, 216 + i)),
+                        SamplingParams(max_tokens=steps + 4, ignore_eos=True))
+    while any(s.num_generated == 0 for s in eng.seqs.values()):
+        eng.step()
+    eng.step()
+    t = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    ms = (time.perf_counter() - t) * 1e3 / steps
+    while eng.has_unfinished():
+        eng.step()
+    return ms
+
+
+def first_token_ms(n):
+    t = time.perf_counter()
+    eng.generate([list(range(300, 300 + n))], SamplingParams(max_tokens=1))
+    return (time.perf_counter() - t) * 1e3
+
+
+decode_ms(8, 4)  # warm-up
+for r in range(ROUNDS):
+    for name, rows in (("before", BEFORE), ("copy", COPY)) if r % 2 == 0 else \
+            (("copy", COPY), ("before", BEFORE)):
+        cpu_dequant.COPY_MIN_ROWS.update(rows)
+        cpu_dequant.HEAD_COPY_MIN_ROWS.update(HEAD if name == "copy" else
+                                              {k: BEFORE[k] for k in HEAD})
+        s = out["samples"].setdefault(name, {})
+        for b in (1, 8, 32, 64):
+            s.setdefault(f"step_ms_batch{b}", []).append(round(decode_ms(b), 2))
+        for n in (48, 100):
+            s.setdefault(f"first_token_ms_{n}", []).append(round(first_token_ms(n), 1))
+out["medians"] = {name: {k: statistics.median(v) for k, v in s.items()}
+                  for name, s in out["samples"].items()}
+out["load_end"] = os.getloadavg()
+print(json.dumps(out))
