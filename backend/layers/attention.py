@@ -62,8 +62,8 @@ class AttentionMetadata:
 
 
 # Query positions per SDPA call in a CPU prefill chunk (``_prepare_dense``). A 512-token
-# prompt's attention per SmolLM2 layer on the 2-core AVX-512 VM: one call 3.98 ms, tiles of
-# 64 / 128 / 256 3.04 / 2.98 / 3.44 ms; 1,024 tokens 16.6 against 10.6 ms in tiles of 128.
+# prompt's attention per SmolLM2 layer on the 2-core AVX-512 VM: one call 3.99 ms, tiles of
+# 64 / 128 / 256 3.05 / 3.00 / 3.53 ms; 1,024 tokens 16.55 against 11.1 / 12.07 / 13.63 ms.
 CPU_PREFILL_Q_TILE = 128
 
 
