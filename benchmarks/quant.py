@@ -354,6 +354,16 @@ def cpu_interleaved(model: str, specs: list[str], reps: int, tokens: int) -> dic
     return out
 
 
+def _cpu_run(json_path: Path | None, measure) -> dict:
+    """A CPU mode's result: what ``measure()`` returns between the load averages before and
+    after it, written to ``json_path`` if given."""
+    result = {"load_start": os.getloadavg(), "threads": torch.get_num_threads(), **measure(),
+              "load_end": os.getloadavg()}
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=1))
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
@@ -374,12 +384,9 @@ def main(argv: list[str] | None = None) -> None:
                          "copies by M")
     args = ap.parse_args(argv)
     if args.cpu_copy_crossover:
-        result = {"load_start": os.getloadavg(), "threads": torch.get_num_threads(),
-                  "model": args.model, "weights": args.cpu_copy_crossover,
-                  "steps": cpu_copy_crossover(args.model, args.cpu_copy_crossover, args.reps),
-                  "load_end": os.getloadavg()}
-        if args.json:
-            args.json.write_text(json.dumps(result, indent=1))
+        result = _cpu_run(args.json, lambda: {
+            "model": args.model, "weights": args.cpu_copy_crossover,
+            "steps": cpu_copy_crossover(args.model, args.cpu_copy_crossover, args.reps)})
         print("   M  packed ms  copy ms  (every quantised block layer once)  head: packed  copy")
         for r in result["steps"]:
             print(f"{r['M']:4} {r['packed_ms']:9.2f} {r['copy_ms']:8.2f} "
@@ -387,11 +394,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r.get('head_copy_ms', float('nan')):5.2f}")
         return
     if args.cpu_crossover:
-        result = {"load_start": os.getloadavg(), "threads": torch.get_num_threads(),
-                  "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                  "layers": cpu_crossover(args.reps), "load_end": os.getloadavg()}
-        if args.json:
-            args.json.write_text(json.dumps(result, indent=1))
+        result = _cpu_run(args.json, lambda: {
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "layers": cpu_crossover(args.reps)})
         print("shape      M   bf16  int8_packed int8_dequant int4_packed int4_dequant (us)")
         for r in result["layers"]:
             print(f"{r['shape']:8} {r['M']:4} {r['bf16']:7.0f} {r['int8_packed']:10.0f} "

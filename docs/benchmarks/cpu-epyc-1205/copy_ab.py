@@ -16,22 +16,13 @@ from backend.engine.sampling import SamplingParams
 from backend.layers import cpu_dequant
 from backend.weights.loader import load_model_source
 
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-COPY = dict(cpu_dequant.COPY_MIN_ROWS)
-HEAD = dict(cpu_dequant.HEAD_COPY_MIN_ROWS)
-BEFORE = {k: cpu_dequant.DENSE_MIN_ROWS[k] for k in COPY}
-eng = LLMEngine(EngineConfig(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
-                             enable_prefix_caching=False), load_model_source("smollm2-135m-instruct"))
-st = eng.stats()
-out = {"load_start": os.getloadavg(), "weights": st.weights_format, "kernel": st.linear_kernel,
-       "copy_min_rows": COPY, "head_copy_min_rows": HEAD, "dense_min_rows": BEFORE,
-       "samples": {}}
 
-
-def decode_ms(batch, steps=24):
+def decode_ms(eng, batch, steps=24, **params):
+    """ms per decode step of ``batch`` requests with 16-token prompts (``params`` go to their
+    SamplingParams), after their prefills."""
     for i in range(batch):
         eng.add_request(f"b{batch}-{i}-{time.time()}", list(range(200 + i, 216 + i)),
-                        SamplingParams(max_tokens=steps + 4, ignore_eos=True))
+                        SamplingParams(max_tokens=steps + 4, ignore_eos=True, **params))
     while any(s.num_generated == 0 for s in eng.seqs.values()):
         eng.step()
     eng.step()
@@ -44,25 +35,41 @@ def decode_ms(batch, steps=24):
     return ms
 
 
-def first_token_ms(n):
+def first_token_ms(eng, n):
     t = time.perf_counter()
     eng.generate([list(range(300, 300 + n))], SamplingParams(max_tokens=1))
     return (time.perf_counter() - t) * 1e3
 
 
-decode_ms(8, 4)  # warm-up
-for r in range(ROUNDS):
-    for name, rows in (("before", BEFORE), ("copy", COPY)) if r % 2 == 0 else \
-            (("copy", COPY), ("before", BEFORE)):
-        cpu_dequant.COPY_MIN_ROWS.update(rows)
-        cpu_dequant.HEAD_COPY_MIN_ROWS.update(HEAD if name == "copy" else
-                                              {k: BEFORE[k] for k in HEAD})
-        s = out["samples"].setdefault(name, {})
-        for b in (1, 8, 32, 64):
-            s.setdefault(f"step_ms_batch{b}", []).append(round(decode_ms(b), 2))
-        for n in (48, 100):
-            s.setdefault(f"first_token_ms_{n}", []).append(round(first_token_ms(n), 1))
-out["medians"] = {name: {k: statistics.median(v) for k, v in s.items()}
-                  for name, s in out["samples"].items()}
-out["load_end"] = os.getloadavg()
-print(json.dumps(out))
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    copy = dict(cpu_dequant.COPY_MIN_ROWS)
+    head = dict(cpu_dequant.HEAD_COPY_MIN_ROWS)
+    before = {k: cpu_dequant.DENSE_MIN_ROWS[k] for k in copy}
+    eng = LLMEngine(EngineConfig(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
+                                 enable_prefix_caching=False),
+                    load_model_source("smollm2-135m-instruct"))
+    st = eng.stats()
+    out = {"load_start": os.getloadavg(), "weights": st.weights_format,
+           "kernel": st.linear_kernel, "copy_min_rows": copy, "head_copy_min_rows": head,
+           "dense_min_rows": before, "samples": {}}
+    decode_ms(eng, 8, 4)  # warm-up
+    for r in range(rounds):
+        for name, rows in (("before", before), ("copy", copy)) if r % 2 == 0 else \
+                (("copy", copy), ("before", before)):
+            cpu_dequant.COPY_MIN_ROWS.update(rows)
+            cpu_dequant.HEAD_COPY_MIN_ROWS.update(head if name == "copy" else
+                                                  {k: before[k] for k in head})
+            s = out["samples"].setdefault(name, {})
+            for b in (1, 8, 32, 64):
+                s.setdefault(f"step_ms_batch{b}", []).append(round(decode_ms(eng, b), 2))
+            for n in (48, 100):
+                s.setdefault(f"first_token_ms_{n}", []).append(round(first_token_ms(eng, n), 1))
+    out["medians"] = {name: {k: statistics.median(v) for k, v in s.items()}
+                      for name, s in out["samples"].items()}
+    out["load_end"] = os.getloadavg()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

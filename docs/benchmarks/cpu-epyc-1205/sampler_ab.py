@@ -14,8 +14,8 @@ import torch
 from backend.engine import sampler as sampler_module
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from backend.engine.sampling import SamplingParams
 from backend.weights.loader import load_model_source
+from copy_ab import decode_ms  # this folder
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 CDF = sampler_module.inverse_cdf
@@ -49,23 +49,7 @@ def draw_ms(n, draw, reps=50):
     return statistics.median(ts)
 
 
-def decode_ms(batch, steps=24):
-    for i in range(batch):
-        eng.add_request(f"b{batch}-{i}-{time.time()}", list(range(200 + i, 216 + i)),
-                        SamplingParams(max_tokens=steps + 4, temperature=1.0, ignore_eos=True))
-    while any(s.num_generated == 0 for s in eng.seqs.values()):
-        eng.step()
-    eng.step()
-    t = time.perf_counter()
-    for _ in range(steps):
-        eng.step()
-    ms = (time.perf_counter() - t) * 1e3 / steps
-    while eng.has_unfinished():
-        eng.step()
-    return ms
-
-
-decode_ms(8, 4)  # warm-up
+decode_ms(eng, 8, 4)  # warm-up
 for r in range(ROUNDS):
     for name in (("race", "cdf") if r % 2 == 0 else ("cdf", "race")):
         sampler_module.inverse_cdf = DRAWS[name]
@@ -73,7 +57,7 @@ for r in range(ROUNDS):
         for n in (1, 8, 32):
             s.setdefault(f"draw_ms_{n}x{V}", []).append(round(draw_ms(n, DRAWS[name]), 3))
         for b in (1, 8, 32):
-            s.setdefault(f"step_ms_batch{b}", []).append(round(decode_ms(b), 2))
+            s.setdefault(f"step_ms_batch{b}", []).append(round(decode_ms(eng, b, temperature=1.0), 2))
 sampler_module.inverse_cdf = CDF
 out["medians"] = {name: {k: statistics.median(v) for k, v in s.items()}
                   for name, s in out["samples"].items()}
