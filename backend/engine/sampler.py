@@ -3,7 +3,7 @@
 Random rows draw from p for the whole batch at once, with no per-row multinomial:
   * on the CPU by the inverse CDF: one uniform U per row and the first token whose cumulative
     probability exceeds U * total. A noise draw per token (below) is what costs on the CPU:
-    for 8 x 49,152 the race took 3.7 ms on a 2-core VM, this 0.33 ms (softmax included);
+    for 8 x 49,152 the race took 2.7 ms on a 2-core VM, this 0.33 ms (softmax included);
   * on a GPU by the exponential race: argmax(p / E) with E ~ Exp(1), one kernel each and no
     scan.
 A seeded request draws from its own torch.Generator, so its tokens do not depend on what else
