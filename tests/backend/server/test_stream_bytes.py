@@ -45,7 +45,8 @@ async def test_stream_says_what_the_non_stream_answer_says(tiny, kind):
     path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
     prompt = {"messages": [{"role": "user", "content": 'héllo "q"\n'}]} if kind == "chat" \
         else {"prompt": "tab\there ü"}
-    for seed in (1, 2, 3):
+    # seeds whose answers are not cut to nothing by a stop string at once (checked below)
+    for seed in (4, 5, 6):
         body = {"model": "synthetic:tiny", "max_tokens": 40, "temperature": 1.0, "seed": seed,
                 "stop": [" w3", "é"], **prompt}
         status, whole = await _raw(tiny.base_url, path, body, f"n{seed}")
