@@ -168,7 +168,7 @@ class LlamaModel(nn.Module):
         else:
             self.lm_head = make_linear(lm_head_format, cfg.vocab_size, cfg.hidden_size, False,
                                        device, dtype)
-            if hasattr(self.lm_head, "copy_min_rows"):  # a quantised head on the CPU
+            if hasattr(self.lm_head, "copy_min_rows"):  # quantised (only the CPU reads it)
                 self.lm_head.copy_min_rows = cpu_dequant.HEAD_COPY_MIN_ROWS
         max_len = max_len or cfg.max_position_embeddings
         inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)

@@ -32,7 +32,6 @@ from itertools import cycle
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
@@ -127,11 +126,6 @@ def cpu_crossover(reps: int) -> list[dict]:
 COPY_CROSSOVER_M = (1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 64, 96, 128)
 
 
-def _through_copy(layer, x: torch.Tensor) -> torch.Tensor:
-    w = layer.prefill_weight
-    return x @ w if layer.kernel.startswith("torch._weight_int4") else F.linear(x, w) * layer.scale
-
-
 def cpu_copy_crossover(model: str, weights: str, reps: int) -> list[dict]:
     """Per M: ms for every quantised block layer of ``model`` (served with ``weights``, its
     dense prefill copies kept) through the packed kernel and through the copy; the paths
@@ -159,7 +153,7 @@ def cpu_copy_crossover(model: str, weights: str, reps: int) -> list[dict]:
                "head_kernel": head.kernel}
         for prefix, members in sets.items():
             packed = _int4_packed if isinstance(members[0], Int4Linear) else _int8_packed
-            paths = {"packed": packed, "copy": _through_copy}
+            paths = {"packed": packed, "copy": lambda m, x: m.copy_matmul(x)}
             samples: dict[str, list[float]] = {p: [] for p in paths}
             for _ in range(reps + 1):  # the first round warms up, not kept
                 for p, fn in paths.items():

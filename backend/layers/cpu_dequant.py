@@ -31,8 +31,9 @@ DENSE_MIN_ROWS = {"int8": 64, "int4": 128}
 # (benchmarks.quant --cpu-copy-crossover): int8 ties at 8-12 rows, int4 at 20.
 COPY_MIN_ROWS = {"int8": 16, "int4": 24}
 # The same for an LM head (49152 x 576 for SmolLM2, 28 MB of int8 read from memory every
-# step): the packed int8 kernel's time jumps past 4 rows, the copy wins from 6.
-HEAD_COPY_MIN_ROWS = {"int8": 6}
+# step): the packed int8 kernel's time jumps past 4 rows, the copy wins from 6. An int4 head
+# was not measured: it keeps the block layers' threshold.
+HEAD_COPY_MIN_ROWS = {"int8": 6, "int4": COPY_MIN_ROWS["int4"]}
 CHUNK_ELEMENTS = 1 << 22  # weights dequantised at once: 8 MiB of bf16 scratch at most
 
 # A nibble q becomes a float exactly by writing it into the low mantissa bits of a power of

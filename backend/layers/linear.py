@@ -416,8 +416,11 @@ class _QuantizedLinear(Linear):
         """Whether this CPU call multiplies by the kept dense copy: enough rows
         (``copy_min_rows``) and a copy in the activations' dtype."""
         w = self.prefill_weight
-        return (w is not None and w.dtype == x.dtype
-                and x.shape[0] >= self.copy_min_rows.get(kind, cpu_dequant.COPY_MIN_ROWS[kind]))
+        return w is not None and w.dtype == x.dtype and x.shape[0] >= self.copy_min_rows[kind]
+
+    def copy_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, K] -> [T, N] through the kept dense copy (no bias)."""
+        raise NotImplementedError
 
     def _dense_for_prefill(self) -> torch.Tensor:
         """The dense copy, from the packed codes, with the per-call path's own arithmetic."""
@@ -463,11 +466,13 @@ class Int8Linear(_QuantizedLinear):
     def _dense_for_prefill(self) -> torch.Tensor:
         return cpu_dequant.int8_dense(self.q, self.dtype)  # [N, K]; the scale stays apart
 
+    def copy_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.prefill_weight) * self.scale  # int8_matmul minus its conversion
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         if self.device.type == "cpu":
-            w = self.prefill_weight
             if self._through_copy(x, "int8"):
-                y = F.linear(x, w) * self.scale  # int8_matmul without its conversion pass
+                y = self.copy_matmul(x)
             elif x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int8"]:
                 y = torch._weight_int8pack_mm(x, self.q, self.scale)
             else:
@@ -546,6 +551,9 @@ class Int4Linear(_QuantizedLinear):
         return cpu_dequant.int4_dense_t(self.packed, self.scale_zero, self.group_size,
                                         self.dtype)  # W.T [K, N], int4_matmul's layout
 
+    def copy_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.prefill_weight  # int4_matmul without its dequantising pass
+
     def dequantized(self) -> torch.Tensor:
         K, G = self.in_features, self.group_size
         if self.device.type == "cpu":
@@ -559,7 +567,7 @@ class Int4Linear(_QuantizedLinear):
         G = self.group_size
         if self.device.type == "cpu":
             if self._through_copy(x, "int4"):
-                y = x @ self.prefill_weight  # int4_matmul without its dequantising pass
+                y = self.copy_matmul(x)
             elif x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int4"] or not self.dense_from_packed:
                 y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)
             else:
