@@ -123,7 +123,7 @@ def cpu_crossover(reps: int) -> list[dict]:
     return rows
 
 
-COPY_CROSSOVER_M = (1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 64, 96, 128)
+COPY_CROSSOVER_M = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64, 128)
 
 
 def cpu_copy_crossover(model: str, weights: str, reps: int) -> list[dict]:
@@ -266,16 +266,19 @@ def layer_level(peak_gbs: float) -> list[dict]:
 
 def engine_level(weights: str, group: int, decode_tokens: int = 48,
                  preset: str = "llama-2-7b", device: str = "cuda",
-                 batches: tuple[int, ...] = (1, 64)) -> dict:
+                 batches: tuple[int, ...] = (1, 64), head: str = "auto") -> dict:
+    """Decode step time per batch size, on a synthetic model; ``head`` is the backend's
+    ``--lm-head-dtype``."""
     source = synthetic_source(preset)
     t0 = time.perf_counter()
     engine = LLMEngine(EngineConfig(device=device, dtype="bfloat16", weights_dtype=weights,
                                     int4_group_size=group, max_num_seqs=64,
                                     max_model_len=1024, kv_cache_memory_gib=8.0,
-                                    enable_prefix_caching=False), source)
+                                    enable_prefix_caching=False, lm_head_dtype=head),
+                       source)
     build_s = time.perf_counter() - t0
     stats = engine.stats()
-    out = {"weights": stats.weights_format, "kernel": stats.linear_kernel,
+    out = {"weights": stats.weights_format, "kernel": stats.linear_kernel, "head": stats.lm_head_format,
            "build_s": round(build_s, 1),
            "gpu_mem_gib": round(torch.cuda.memory_allocated() / 2**30, 2)
            if device == "cuda" else None}

@@ -26,14 +26,20 @@ import torch.nn.functional as F
 # on the 2-core AVX-512 VM with SmolLM2's shapes (benchmarks.quant --cpu-crossover).
 DENSE_MIN_ROWS = {"int8": 64, "int4": 128}
 # Rows from which a layer that keeps a dense copy (``--prefill-dense-weights``) multiplies by
-# it: with no dequantising pass to pay, the copy wins far sooner. Measured on the 2-core
-# AVX-512 VM over all of SmolLM2's block layers in turn, weights from memory as in a step
-# (benchmarks.quant --cpu-copy-crossover): int8 ties at 8-12 rows, int4 at 20.
-COPY_MIN_ROWS = {"int8": 16, "int4": 24}
+# it: with no dequantising pass to pay, and the bf16 copy reordered once for oneDNN
+# (``onednn_weight``), the copy wins far sooner. Measured on the 2-core AVX-512 VM over all
+# of SmolLM2's block layers in turn, weights from memory as in a step (benchmarks.quant
+# --cpu-copy-crossover): the int8 kernel's time doubles past 4 rows, where the copy ties
+# from 3; the int4 kernel works in blocks of 4 rows, and the copy wins at 5-6 rows, loses
+# at 7-8 and wins from 10. A copy in the plain layout (other dtypes, or no oneDNN bf16
+# here) pays a reorder inside every matmul and keeps the thresholds measured for it before
+# ("-plain": the copy ties at 8-12 rows for int8, at 20 for int4).
+COPY_MIN_ROWS = {"int8": 4, "int4": 9, "int8-plain": 16, "int4-plain": 24}
 # The same for an LM head (49152 x 576 for SmolLM2, 28 MB of int8 read from memory every
-# step): the packed int8 kernel's time jumps past 4 rows, the copy wins from 6. An int4 head
-# was not measured: it keeps the block layers' threshold.
-HEAD_COPY_MIN_ROWS = {"int8": 6, "int4": COPY_MIN_ROWS["int4"]}
+# step): the packed int8 kernel wins at 1-2 rows, the copy from 3 (a plain copy from 6). An
+# int4 head was not measured: it keeps the block layers' thresholds.
+HEAD_COPY_MIN_ROWS = {"int8": 3, "int8-plain": 6, "int4": COPY_MIN_ROWS["int4"],
+                      "int4-plain": COPY_MIN_ROWS["int4-plain"]}
 CHUNK_ELEMENTS = 1 << 22  # weights dequantised at once: 8 MiB of bf16 scratch at most
 
 # A nibble q becomes a float exactly by writing it into the low mantissa bits of a power of
@@ -96,6 +102,46 @@ def widened_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.linear(x, buf)
 
     return _blockwise(x, N, _row_blocks(N, K, 1), block)
+
+
+def onednn_weight(w: torch.Tensor) -> torch.Tensor | None:
+    """A bf16 weight w [N, K] reordered once into oneDNN's blocked layout, for
+    ``onednn_linear``; None where oneDNN cannot take it (another dtype, no bf16 support,
+    a torch without these ops).
+
+    A plain bf16 weight is reordered into that layout inside every oneDNN matmul call: for
+    SmolLM2's 120 block layers at 8 rows 20.3 ms through ``x @ w`` against 10.1 ms on the
+    reordered copy, 278 against 261 ms at 512 rows, and the 49152 x 576 LM head 4.4 against
+    2.3 ms at 8 rows (2-core AVX-512 VM, weights from memory; docs/BENCHMARKS.md). The
+    values, and in bf16 the results' bits, are those of the plain matmul."""
+    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or not onednn_bf16():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 8)
+    except RuntimeError:  # a weight this oneDNN refuses keeps the plain layout
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_bf16() -> bool:
+    """Whether this torch and CPU run bf16 matmuls in oneDNN from a reordered weight
+    (``onednn_weight``), checked on a probe: results equal to the plain matmul's."""
+    try:
+        if not (torch.backends.mkldnn.is_available()
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            return False
+        gen = torch.Generator().manual_seed(0)
+        w = torch.randn(48, 32, generator=gen).to(torch.bfloat16)
+        x = torch.randn(3, 32, generator=gen).to(torch.bfloat16)
+        got = onednn_linear(x, torch.ops.mkldnn._reorder_linear_weight(w, 8))
+    except (AttributeError, RuntimeError):  # a torch without these private ops
+        return False
+    return torch.allclose(got.float(), F.linear(x, w).float(), rtol=1e-2, atol=1e-2)
+
+
+def onednn_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [T, K] @ W.T for W from ``onednn_weight``."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
 
 def int8_dense(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

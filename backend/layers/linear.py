@@ -382,7 +382,7 @@ class _QuantizedLinear(Linear):
             self._stage = None
             self._filled.zero_()  # a later full reload (a shared init, tests) starts over
             if self.prefill_weight is not None:  # a reload: the copy follows the new codes
-                self.prefill_weight = self._dense_for_prefill()
+                self.prefill_weight = self._build_copy()
 
     def prefill_dense_bytes(self) -> int:
         """Bytes a dense prefill copy of this layer takes in the model dtype; 0 where none
@@ -396,7 +396,7 @@ class _QuantizedLinear(Linear):
         """Build (``keep``) or drop the dense prefill copy; returns the bytes it holds."""
         keep = keep and self.prefill_dense_bytes() > 0
         if keep and self.prefill_weight is None:
-            self.prefill_weight = self._dense_for_prefill()
+            self.prefill_weight = self._build_copy()
         elif not keep:
             self.prefill_weight = None
         return 0 if self.prefill_weight is None else \
@@ -406,7 +406,8 @@ class _QuantizedLinear(Linear):
         if self.device.type == "cuda":
             return "dequant+F.linear"  # beyond TRITON_MAX_M tokens: dequantise, cuBLAS
         if self.prefill_weight is not None:
-            return "dense-copy+F.linear"
+            return "dense-copy+onednn" if self.prefill_weight.is_mkldnn \
+                else "dense-copy+F.linear"
         return "cpu-dequant+F.linear" if self._dense_copy_possible() else self.kernel
 
     def _dense_copy_possible(self) -> bool:
@@ -416,15 +417,49 @@ class _QuantizedLinear(Linear):
         """Whether this CPU call multiplies by the kept dense copy: enough rows
         (``copy_min_rows``) and a copy in the activations' dtype."""
         w = self.prefill_weight
-        return w is not None and w.dtype == x.dtype and x.shape[0] >= self.copy_min_rows[kind]
+        if w is None or w.dtype != x.dtype:
+            return False
+        return x.shape[0] >= self.copy_min_rows[kind if w.is_mkldnn else f"{kind}-plain"]
 
     def copy_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, K] -> [T, N] through the kept dense copy (no bias)."""
         raise NotImplementedError
 
+    # Whether ``_dense_for_prefill`` gives W [N, K] (else W.T [K, N], ``x @ w``'s operand).
+    copy_is_nk = True
+
     def _dense_for_prefill(self) -> torch.Tensor:
         """The dense copy, from the packed codes, with the per-call path's own arithmetic."""
         raise NotImplementedError
+
+    def _build_copy(self) -> torch.Tensor:
+        """The kept copy: in bf16 reordered once for oneDNN (``cpu_dequant.onednn_weight``),
+        else as ``_dense_for_prefill`` gives it."""
+        w = self._dense_for_prefill()
+        packed = cpu_dequant.onednn_weight(w if self.copy_is_nk else w.t())
+        return w if packed is None else packed
+
+    def _copy_mm(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, K] @ W.T through the kept copy, in whichever form it is kept."""
+        w = self.prefill_weight
+        if w.is_mkldnn:
+            return cpu_dequant.onednn_linear(x, w)
+        return F.linear(x, w) if self.copy_is_nk else x @ w
+
+    def _apply(self, fn, recurse: bool = True):
+        # oneDNN's layout has no strides for ``.to`` / ``.float`` to convert: the copy goes
+        # through its plain form and is reordered again if it is still bf16 on the CPU.
+        w = self.prefill_weight
+        if w is not None and w.is_mkldnn:
+            dense = w.to_dense()
+            self.prefill_weight = dense if self.copy_is_nk else dense.t().contiguous()
+        out = super()._apply(fn, recurse)
+        w = self.prefill_weight
+        if w is not None:
+            packed = cpu_dequant.onednn_weight(w if self.copy_is_nk else w.t())
+            if packed is not None:
+                self.prefill_weight = packed
+        return out
 
     def _new_stage(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -467,7 +502,7 @@ class Int8Linear(_QuantizedLinear):
         return cpu_dequant.int8_dense(self.q, self.dtype)  # [N, K]; the scale stays apart
 
     def copy_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.prefill_weight) * self.scale  # int8_matmul minus its conversion
+        return self._copy_mm(x) * self.scale  # int8_matmul minus its conversion
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         if self.device.type == "cpu":
@@ -547,12 +582,14 @@ class Int4Linear(_QuantizedLinear):
     def _dense_copy_possible(self) -> bool:
         return super()._dense_copy_possible() and self.dense_from_packed
 
+    copy_is_nk = False
+
     def _dense_for_prefill(self) -> torch.Tensor:
         return cpu_dequant.int4_dense_t(self.packed, self.scale_zero, self.group_size,
                                         self.dtype)  # W.T [K, N], int4_matmul's layout
 
     def copy_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.prefill_weight  # int4_matmul without its dequantising pass
+        return self._copy_mm(x)  # int4_matmul without its dequantising pass
 
     def dequantized(self) -> torch.Tensor:
         K, G = self.in_features, self.group_size

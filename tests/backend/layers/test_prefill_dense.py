@@ -31,6 +31,16 @@ def _x(rows: int, k: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)
 
 
+def _key(kind: str, dtype: torch.dtype) -> str:
+    """The threshold a kept copy in ``dtype`` is used from: oneDNN's layout or the plain one."""
+    return kind if dtype == torch.bfloat16 and cpu_dequant.onednn_bf16() else f"{kind}-plain"
+
+
+def _copy_kernel(dtype: torch.dtype) -> str:
+    onednn = dtype == torch.bfloat16 and cpu_dequant.onednn_bf16()
+    return "dense-copy+onednn" if onednn else "dense-copy+F.linear"
+
+
 def _refuse(*args: object) -> torch.Tensor:
     raise AssertionError("the per-call dequantising pass ran although a dense copy is kept")
 
@@ -42,7 +52,7 @@ def test_dense_copy_gives_the_dequantising_paths_bits(kind, dtype, chunk, monkey
     monkeypatch.setattr(cpu_dequant, "CHUNK_ELEMENTS", chunk)
     # Without a copy the per-call pass starts where a copy would be used, so each row count
     # runs the same arithmetic with and without the copy.
-    threshold = cpu_dequant.COPY_MIN_ROWS[kind]
+    threshold = cpu_dequant.COPY_MIN_ROWS[_key(kind, dtype)]
     monkeypatch.setitem(cpu_dequant.DENSE_MIN_ROWS, kind, threshold)
     n, k = 320, 128
     layer = _layer(kind, n, k, dtype, seed=3)
@@ -53,7 +63,7 @@ def test_dense_copy_gives_the_dequantising_paths_bits(kind, dtype, chunk, monkey
     held = layer.keep_prefill_dense(True)
     assert held == n * k * dtype.itemsize == layer.prefill_dense_bytes()
     assert layer.prefill_weight.dtype == dtype
-    assert layer.prefill_kernel() == "dense-copy+F.linear"
+    assert layer.prefill_kernel() == _copy_kernel(dtype)
     assert "prefill_weight" not in layer.state_dict()  # derived, never saved
     monkeypatch.setattr(cpu_dequant, f"{kind}_matmul", _refuse)
     for m in rows:
@@ -74,7 +84,8 @@ def _refuse_packed(*args: object) -> torch.Tensor:
 def test_a_kept_copy_takes_batches_the_packed_kernel_would(kind, monkeypatch):
     # Below the per-call pass's threshold and from the copy's: the packed kernel without a
     # copy, the copy with one; fewer rows keep the packed kernel either way.
-    copy_rows, dense_rows = cpu_dequant.COPY_MIN_ROWS[kind], cpu_dequant.DENSE_MIN_ROWS[kind]
+    copy_rows = cpu_dequant.COPY_MIN_ROWS[_key(kind, torch.bfloat16)]
+    dense_rows = cpu_dequant.DENSE_MIN_ROWS[kind]
     assert copy_rows < dense_rows
     layer = _layer(kind, 128, 64, torch.bfloat16, seed=6)
     packed = ("_weight_int8pack_mm" if kind == "int8" else "_weight_int4pack_mm_for_cpu")
@@ -180,7 +191,7 @@ def test_engine_reports_its_choice_and_scores_the_same():
     auto = stats["auto"].prefill_dense_weights
     assert (auto["mode"], auto["enabled"], auto["bytes"], auto["max_bytes"]) == (
         "auto", True, need, int(PREFILL_DENSE_MAX_GIB * 2**30))
-    assert stats["auto"].prefill_kernel == "dense-copy+F.linear"
+    assert stats["auto"].prefill_kernel == _copy_kernel(torch.bfloat16)
     assert stats["auto"].linear_kernel == "torch._weight_int4pack_mm_for_cpu"  # decode
     for name in ("off", "small"):
         chosen = stats[name].prefill_dense_weights
@@ -196,9 +207,49 @@ def test_an_int8_head_takes_its_copy_from_its_own_row_count(monkeypatch):
     model = _model("int8", "int8")
     keep_prefill_dense(model.modules(), "on", 0)
     head, block = model.lm_head, model.layers[0].o
-    rows = cpu_dequant.HEAD_COPY_MIN_ROWS["int8"]
-    assert rows < cpu_dequant.COPY_MIN_ROWS["int8"]
+    key = _key("int8", torch.bfloat16)
+    rows = cpu_dequant.HEAD_COPY_MIN_ROWS[key]
+    assert rows < cpu_dequant.COPY_MIN_ROWS[key]
     monkeypatch.setattr(torch, "_weight_int8pack_mm", _refuse_packed)
     head(_x(rows, head.in_features, torch.bfloat16))  # through the copy
     with pytest.raises(AssertionError, match="packed kernel ran"):
         block(_x(rows, block.in_features, torch.bfloat16))
+
+
+@pytest.mark.skipif(not cpu_dequant.onednn_bf16(), reason="oneDNN runs no bf16 matmul here")
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_bf16_copy_is_reordered_for_onednn_and_survives_dtype_moves(kind):
+    layer = _layer(kind, 192, 64, torch.bfloat16, seed=8)
+    plain = layer._dense_for_prefill()  # [N, K] for int8, W.T [K, N] for int4
+    layer.keep_prefill_dense(True)
+    w = layer.prefill_weight
+    assert w.is_mkldnn and w.shape == (192, 64)
+    assert torch.equal(w.to_dense(), plain if kind == "int8" else plain.t())
+    x = _x(cpu_dequant.COPY_MIN_ROWS[kind], 64, torch.bfloat16)
+    y = layer(x)
+    # .float() cannot convert oneDNN's layout itself: the copy goes through its plain form
+    layer.float()
+    assert not layer.prefill_weight.is_mkldnn
+    assert layer.prefill_weight.shape == plain.shape  # the plain layout the class reads
+    assert layer.prefill_kernel() == "dense-copy+F.linear"
+    y32 = layer(x.float())
+    assert (y32 - y.float()).abs().max() <= 0.02 * y.float().abs().max()
+    layer.bfloat16()  # and back: reordered again, the same bits as before
+    assert layer.prefill_weight.is_mkldnn
+    assert torch.equal(layer(x), y)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_plain_copy_keeps_the_plain_threshold(kind, monkeypatch):
+    # float32 copies stay in the plain layout (a reorder inside every matmul), so the rows
+    # where only a reordered copy beats the packed kernel keep the packed kernel
+    rows = cpu_dequant.COPY_MIN_ROWS[kind]
+    assert rows < cpu_dequant.COPY_MIN_ROWS[f"{kind}-plain"]
+    layer = _layer(kind, 128, 64, torch.float32, seed=9)
+    layer.keep_prefill_dense(True)
+    assert not layer.prefill_weight.is_mkldnn
+    packed = "_weight_int8pack_mm" if kind == "int8" else "_weight_int4pack_mm_for_cpu"
+    monkeypatch.setattr(torch, packed, _refuse_packed)
+    with pytest.raises(AssertionError, match="packed kernel ran"):
+        layer(_x(rows, 64, torch.float32))
+    layer(_x(cpu_dequant.COPY_MIN_ROWS[f"{kind}-plain"], 64, torch.float32))  # the copy

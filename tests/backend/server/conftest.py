@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from backend.engine.config import EngineConfig
+from backend.layers import cpu_dequant
 from backend.server import ServerConfig, create_app
 from backend.tokenizer import Tokenizer
 
@@ -42,6 +43,13 @@ def fake() -> ServerThread:
     server = fake_server()
     yield server
     server.stop()
+
+
+def copy_kernel(dtype: str) -> str:
+    """The ``prefill_kernel`` /health reports for kept dense copies in ``dtype``: bf16 copies
+    are reordered for oneDNN where this CPU runs that."""
+    return "dense-copy+onednn" if dtype == "bfloat16" and cpu_dequant.onednn_bf16() \
+        else "dense-copy+F.linear"
 
 
 def real_server(model: str, **engine: object) -> ServerThread:

@@ -13,6 +13,8 @@ import pytest
 from backend.cli import build_parser, config_from_args
 from backend.server.config import ServerConfig
 
+from .conftest import copy_kernel
+
 
 def test_flags_map_onto_engine_and_server_config():
     args = build_parser().parse_args([
@@ -92,7 +94,7 @@ def test_cli_serves_and_stops_on_sigterm():
         # the CPU runs eager step ops: one-token steps use the same packed kernel
         assert health["one_token_kernel"] == "torch._weight_int4pack_mm_for_cpu"
         # prefill multiplies by dense copies: the default auto, a tiny model within 1 GiB
-        assert health["prefill_kernel"] == "dense-copy+F.linear"
+        assert health["prefill_kernel"] == copy_kernel(health["dtype"])
         dense = health["prefill_dense_weights"]
         assert (dense["mode"], dense["enabled"], dense["layers"]) == ("auto", True, 9)
         assert dense["bytes"] == dense["needed_bytes"] > 0

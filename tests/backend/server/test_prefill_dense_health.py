@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from .conftest import real_server
+from .conftest import copy_kernel, real_server
 
 
 def _get(base: str, path: str) -> dict:
@@ -36,7 +36,7 @@ def test_health_reports_the_dense_prefill_copies():
         finally:
             server.stop()
     on, off = seen["on"], seen["off"]
-    assert on["prefill_kernel"] == "dense-copy+F.linear"
+    assert on["prefill_kernel"] == copy_kernel(on["dtype"])
     assert off["prefill_kernel"] == "cpu-dequant+F.linear"
     for h in (on, off):  # decode keeps the packed kernel either way
         assert h["linear_kernel"] == h["one_token_kernel"] == "torch._weight_int4pack_mm_for_cpu"
