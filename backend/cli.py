@@ -60,13 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "embedding) as Q8_0, else the model dtype (default: %(default)s)")
     p.add_argument("--prefill-dense-weights", default="auto", choices=("auto", "on", "off"),
                    help="CPU only (no effect on CUDA): quantised layers also keep their "
-                        "weight dense in the model dtype, built once at load from the codes, "
-                        "for prefill (calls of 64 / 128+ tokens for int8 / int4), which then "
-                        "skips dequantising per call; decode keeps the packed kernels. auto = "
-                        "on when all copies fit --prefill-dense-max-gib (default: %(default)s)")
+                        "weight dense in the model dtype, built once at load from the codes "
+                        "(bf16 copies reordered for oneDNN), for calls of many rows "
+                        "(prefill, larger decode batches), which then skip dequantising per "
+                        "call; batch-1 decode keeps the packed kernels. bf16 dense layers "
+                        "keep a copy reordered for oneDNN that every call uses. auto = on "
+                        "when all copies fit --prefill-dense-max-gib (default: %(default)s)")
     p.add_argument("--prefill-dense-max-gib", type=float, default=PREFILL_DENSE_MAX_GIB,
                    metavar="GiB",
-                   help="memory the dense prefill copies may take under "
+                   help="memory the CPU's weight copies may take under "
                         "--prefill-dense-weights auto (default: %(default)s)")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB",
                    help="KV cache size in GiB (default: sized from free memory)")

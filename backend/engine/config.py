@@ -9,9 +9,10 @@ from pydantic import Field, ValidationInfo, field_validator
 from backend.schema import Schema, check_choice
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4 kernel accepts
-# prefill_dense_weights=auto keeps the CPU's dense prefill copies of the quantised layers
-# when all of them together fit this many GiB (SmolLM2-135M's take 0.2 GiB in bf16, a 1 B
-# int4 model's 2 GiB would not: there the copies would outweigh the codes several times)
+# prefill_dense_weights=auto keeps the CPU's weight copies (dense copies of the quantised
+# layers, oneDNN-reordered copies of bf16 dense layers) when all of them together fit this
+# many GiB (SmolLM2-135M's take 0.2 GiB in bf16, a 1 B int4 model's 2 GiB would not: there
+# the copies would outweigh the codes several times; a 7 B bf16 model's 13 GiB neither)
 PREFILL_DENSE_MAX_GIB = 1.0
 # The default per-step prefill budget (tokens), below the step's whole budget: on the H200
 # sweep (7B, 512-token prompts) it kept TTFT p99 under 200 ms up to 128 streams at the same

@@ -123,9 +123,9 @@ def make_linear(fmt: WeightFormat, out_features: int, in_features: int, bias: bo
 
 @dataclass(frozen=True)
 class PrefillDense:
-    """What ``keep_prefill_dense`` decided for a model's quantised layers (``/health``)."""
+    """What ``keep_prefill_dense`` decided for a model's CPU layers (``/health``)."""
     mode: str  # auto | on | off, as asked
-    enabled: bool  # the CPU prefill multiplies by kept dense copies
+    enabled: bool  # the CPU multiplies by kept copies
     layers: int  # layers holding a copy
     bytes: int  # memory the copies hold
     needed_bytes: int  # what copies of every layer that can use one take (or would)
@@ -139,18 +139,19 @@ class PrefillDense:
 def keep_prefill_dense(layers: Iterable[Linear], mode: str, max_bytes: int
                        ) -> PrefillDense:
     """Give every quantised CPU layer in ``layers`` a dense copy of its weight for calls of
-    ``cpu_dequant.DENSE_MIN_ROWS`` rows or more, or drop the copies: ``on`` keeps them,
-    ``off`` drops them, ``auto`` keeps them when all of them together take at most
-    ``max_bytes``. All or none: a model half on copies would still pay the per-call pass
-    in every other layer of each prefill."""
+    ``cpu_dequant.COPY_MIN_ROWS`` rows or more, and every bf16 dense CPU layer a copy
+    reordered for oneDNN for all its calls, or drop the copies: ``on`` keeps them, ``off``
+    drops them, ``auto`` keeps them when all of them together take at most ``max_bytes``.
+    All or none: a model half on copies would still pay the per-call pass (or reorder) in
+    every other layer of each step."""
     if mode not in PREFILL_DENSE_MODES:
         raise ValueError(f"prefill dense weights must be one of "
                          f"{', '.join(PREFILL_DENSE_MODES)}; got {mode!r}")
-    quantised = [m for m in layers if isinstance(m, _QuantizedLinear)]
+    quantised = [m for m in layers if isinstance(m, (_QuantizedLinear, DenseLinear))]
     needed = sum(m.prefill_dense_bytes() for m in quantised)
     budget = max_bytes if mode == "auto" else None
     if needed == 0:
-        keep, reason = False, "no quantised linear layer on the CPU"
+        keep, reason = False, "no linear layer on the CPU that a copy would serve"
     elif mode == "auto":
         keep = needed <= max_bytes
         reason = (f"auto: {needed / 2**20:.1f} MiB "
@@ -282,6 +283,11 @@ class DenseLinear(Linear):
         self._packed: torch.ScriptObject | None = None  # fbgemm's copy, derived: no state
         if self.fp16_packed:
             self.kernel = "fbgemm-fp16"
+        # A bf16 weight on the CPU reordered once for oneDNN (``keep_prefill_dense``), which
+        # every call then multiplies by; derived, so no state. A plain bf16 weight is
+        # reordered inside each call: SmolLM2 in bf16 decoded at batch 1 in 22 ms a step
+        # with the copies against 36 ms without (2-core AVX-512 VM, docs/BENCHMARKS.md).
+        self._onednn: torch.Tensor | None = None
 
     @classmethod
     def over(cls, weight: torch.Tensor) -> "DenseLinear":
@@ -296,6 +302,36 @@ class DenseLinear(Linear):
             value = value.dequantize()
         self.weight[rows].copy_(value)
         self._packed = None  # packed again from the new values at the next call
+        if self._onednn is not None:  # a reload: the copy follows the new values
+            self._onednn = cpu_dequant.onednn_weight(self.weight.detach())
+
+    def prefill_dense_bytes(self) -> int:
+        """Bytes of a copy of the weight reordered for oneDNN; 0 where none would be used
+        (not a bf16 layer on the CPU, or no oneDNN bf16 here)."""
+        w = self.weight
+        if (self.fp16_packed or w.device.type != "cpu" or w.dtype != torch.bfloat16
+                or self.dtype != torch.bfloat16 or not cpu_dequant.onednn_bf16()):
+            return 0
+        return w.numel() * w.element_size()
+
+    def keep_prefill_dense(self, keep: bool) -> int:
+        """Build (``keep``) or drop the reordered copy; returns the bytes it holds. A tied
+        head's copy is of the embedding's weight as it is now."""
+        keep = keep and self.prefill_dense_bytes() > 0
+        if keep and self._onednn is None:
+            self._onednn = cpu_dequant.onednn_weight(self.weight.detach())
+        elif not keep:
+            self._onednn = None
+        self.kernel = "dense-onednn" if self._onednn is not None else \
+            type(self).kernel if not self.fp16_packed else "fbgemm-fp16"
+        return 0 if self._onednn is None else self.prefill_dense_bytes()
+
+    def _apply(self, fn, recurse: bool = True):
+        out = super()._apply(fn, recurse)
+        if self._onednn is not None:  # moved or converted: reordered again where it can be
+            self.keep_prefill_dense(False)
+            self.keep_prefill_dense(True)
+        return out
 
     def dequantized(self) -> torch.Tensor:
         return self.weight.float()
@@ -313,6 +349,8 @@ class DenseLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
+        if self._onednn is not None and x.dtype == torch.bfloat16:
+            return self._add_bias(cpu_dequant.onednn_linear(x, self._onednn))
         if self.fp16_packed:
             if x.shape[0] < cpu_fp16.DENSE_MIN_ROWS:
                 self.pack()

@@ -123,9 +123,10 @@ def test_int4_layout_not_read_keeps_the_packed_kernel():
     assert layer.prefill_kernel() == "torch._weight_int4pack_mm_for_cpu"
 
 
-def _model(fmt: str = "int4", head: str = "int4") -> LlamaModel:
+def _model(fmt: str = "int4", head: str = "int4", dtype: torch.dtype = torch.bfloat16
+           ) -> LlamaModel:
     cfg = synthetic_source("tiny-qwen2").config  # tied head: quantised as its own copy
-    return LlamaModel(cfg, CPU, torch.bfloat16, max_len=256,
+    return LlamaModel(cfg, CPU, dtype, max_len=256,
                       weight_format=WeightFormat(fmt, None, 32) if fmt != "dense"
                       else WeightFormat(),
                       lm_head_format=WeightFormat(head, None, 32) if head != "model"
@@ -159,13 +160,35 @@ def test_auto_on_off_and_the_budget():
         keep_prefill_dense(model.modules(), "always", 0)
 
 
-def test_dense_weights_have_nothing_to_keep():
-    model = _model("dense", "model")
+def test_float32_dense_weights_have_nothing_to_keep():
+    model = _model("dense", "model", torch.float32)
     assert isinstance(model.lm_head, DenseLinear)
     chosen = keep_prefill_dense(model.modules(), "on", 1 << 30)
     assert (chosen.enabled, chosen.needed_bytes) == (False, 0)
-    assert chosen.reason == "no quantised linear layer on the CPU"
+    assert chosen.reason == "no linear layer on the CPU that a copy would serve"
     assert model.layers[0].qkv.prefill_kernel() == "dense"
+
+
+@pytest.mark.skipif(not cpu_dequant.onednn_bf16(), reason="oneDNN runs no bf16 matmul here")
+def test_bf16_dense_layers_keep_a_reordered_copy_with_the_same_bits(monkeypatch):
+    model = _model("dense", "model")
+    layers = [m for m in model.modules() if isinstance(m, DenseLinear)]
+    x = {m: _x(5, m.in_features, torch.bfloat16) for m in layers}
+    plain = {m: m(x[m]) for m in layers}
+    chosen = keep_prefill_dense(model.modules(), "auto", 1 << 30)
+    need = sum(m.weight.numel() * 2 for m in layers)  # the tied head: the embedding's
+    assert (chosen.enabled, chosen.layers, chosen.bytes) == (True, len(layers), need)
+    assert all(m.kernel == m.prefill_kernel() == "dense-onednn" for m in layers)
+    monkeypatch.setattr(torch.nn.functional, "linear", _refuse_packed)  # every call: the copy
+    for m in layers:
+        assert torch.equal(m(x[m]), plain[m])
+    monkeypatch.undo()
+    o = model.layers[0].o
+    LinearRows(o).load(torch.randn(o.out_features, o.in_features,
+                                   generator=torch.Generator().manual_seed(2)))
+    reloaded = o(x[o])
+    keep_prefill_dense(model.modules(), "off", 0)
+    assert o.kernel == "dense" and torch.equal(o(x[o]), reloaded)  # the copy followed
 
 
 def test_engine_reports_its_choice_and_scores_the_same():
