@@ -12,7 +12,10 @@ import pytest
 from .conftest import real_server
 from .test_server_fake import BAD, TIMING_KEYS, _post, _scrape
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# Germany, not France: bf16's first answer token to France sits at a one-step tie ('The'
+# 25.35 against 'L' 25.25 in float32), which the matmul path of a prompt's rows (packed
+# kernel or dense copy, with or without a cached prefix) can flip
+QUESTION = [{"role": "user", "content": "What is the capital of Germany?"}]
 
 
 def _client(server) -> openai.OpenAI:
@@ -34,13 +37,13 @@ def _sane(timings: dict, usage: object) -> None:
     assert timings["decode_s"] <= timings["e2e_s"]
 
 
-def test_sync_non_stream_says_paris(smollm2):
+def test_sync_non_stream_says_berlin(smollm2):
     client = _client(smollm2)
     model = client.models.list().data[0].id
     assert model == "smollm2-135m-instruct"
     resp = client.chat.completions.create(model=model, messages=QUESTION, temperature=0,
                                           max_tokens=24, extra_headers={"x-request-id": "q1"})
-    assert "Paris" in resp.choices[0].message.content
+    assert "Berlin" in resp.choices[0].message.content
     assert resp.id == "chatcmpl-q1" and resp.choices[0].finish_reason in ("stop", "length")
     u = resp.usage
     assert u.total_tokens == u.prompt_tokens + u.completion_tokens and u.completion_tokens >= 2
@@ -60,7 +63,7 @@ def test_sync_stream_chunks_and_usage(smollm2):
     assert all(c.choices[0].delta.content and c.choices[0].finish_reason is None
                for c in content)
     text = "".join(c.choices[0].delta.content for c in content)
-    assert "Paris" in text
+    assert "Berlin" in text
     assert finish.choices[0].finish_reason in ("stop", "length")
     assert finish.choices[0].delta.content is None and finish.usage is None
     assert usage.choices == [] and usage.usage.completion_tokens >= len(content)
@@ -70,10 +73,10 @@ def test_sync_stream_chunks_and_usage(smollm2):
 
 async def test_async_completions_stream_and_not(smollm2, sdk_client):
     client = _async_client(sdk_client, smollm2)
-    prompt = "The capital of France is"
+    prompt = "The capital of Germany is"
     resp = await client.completions.create(model="smollm2-135m-instruct", prompt=prompt,
                                            temperature=0, max_tokens=8)
-    assert "Paris" in resp.choices[0].text and resp.choices[0].finish_reason == "length"
+    assert "Berlin" in resp.choices[0].text and resp.choices[0].finish_reason == "length"
     assert resp.usage.completion_tokens == 8
     _sane(resp.model_extra["firsttoken_timings"], resp.usage)
     stream = await client.completions.create(model="smollm2-135m-instruct", prompt=prompt,
@@ -88,10 +91,10 @@ async def test_async_chat_with_stop_string(smollm2, sdk_client):
     client = _async_client(sdk_client, smollm2)
     stream = await client.chat.completions.create(
         model="smollm2-135m-instruct", messages=QUESTION, temperature=0, max_tokens=24,
-        stop=["Paris"], stream=True)
+        stop=["Berlin"], stream=True)
     chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert "Paris" not in text and "capital" in text
+    assert "Berlin" not in text and "capital" in text
     assert chunks[-1].choices[0].finish_reason == "stop"
     await _wait_idle(smollm2)
 
