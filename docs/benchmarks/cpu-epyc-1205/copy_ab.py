@@ -41,6 +41,23 @@ def first_token_ms(eng, n):
     return (time.perf_counter() - t) * 1e3
 
 
+def sample(eng, s, batches, prompts, first_token=None):
+    """One round of one variant into ``s``: step ms per batch, first-token ms per prompt."""
+    first_token = first_token or first_token_ms
+    for b in batches:
+        s.setdefault(f"step_ms_batch{b}", []).append(round(decode_ms(eng, b), 2))
+    for n in prompts:
+        s.setdefault(f"first_token_ms_{n}", []).append(round(first_token(eng, n), 1))
+
+
+def finish(out):
+    """Medians per variant and the closing load; printed as JSON."""
+    out["medians"] = {name: {k: statistics.median(v) for k, v in s.items()}
+                      for name, s in out["samples"].items()}
+    out["load_end"] = os.getloadavg()
+    print(json.dumps(out))
+
+
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     copy = dict(cpu_dequant.COPY_MIN_ROWS)
@@ -60,15 +77,8 @@ def main():
             cpu_dequant.COPY_MIN_ROWS.update(rows)
             cpu_dequant.HEAD_COPY_MIN_ROWS.update(head if name == "copy" else
                                                   {k: before[k] for k in head})
-            s = out["samples"].setdefault(name, {})
-            for b in (1, 8, 32, 64):
-                s.setdefault(f"step_ms_batch{b}", []).append(round(decode_ms(eng, b), 2))
-            for n in (48, 100):
-                s.setdefault(f"first_token_ms_{n}", []).append(round(first_token_ms(eng, n), 1))
-    out["medians"] = {name: {k: statistics.median(v) for k, v in s.items()}
-                      for name, s in out["samples"].items()}
-    out["load_end"] = os.getloadavg()
-    print(json.dumps(out))
+            sample(eng, out["samples"].setdefault(name, {}), (1, 8, 32, 64), (48, 100))
+    finish(out)
 
 
 if __name__ == "__main__":

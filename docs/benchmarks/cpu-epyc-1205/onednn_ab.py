@@ -21,7 +21,7 @@ from backend.layers.linear import keep_prefill_dense
 from backend.weights.loader import load_model_source
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from copy_ab import decode_ms  # noqa: E402
+from copy_ab import decode_ms, finish, sample  # noqa: E402
 
 REORDER = cpu_dequant.onednn_weight
 
@@ -56,15 +56,9 @@ def main():
             assert model.lm_head.prefill_weight.is_mkldnn == (name == "onednn")
             decode_ms(eng, 4, 2)  # the new copies' first touch
             s = out["samples"].setdefault(name, {})
-            for b in (1, 4, 8, 16, 32, 64):
-                s.setdefault(f"step_ms_batch{b}", []).append(round(decode_ms(eng, b), 2))
-            for n in (100, 512):
-                s.setdefault(f"first_token_ms_{n}", []).append(round(first_token_ms(eng, n), 1))
+            sample(eng, s, (1, 4, 8, 16, 32, 64), (100, 512), first_token_ms)
             print(name, {k: v[-1] for k, v in s.items()}, file=sys.stderr, flush=True)
-    out["medians"] = {name: {k: statistics.median(v) for k, v in s.items()}
-                      for name, s in out["samples"].items()}
-    out["load_end"] = os.getloadavg()
-    print(json.dumps(out))
+    finish(out)
 
 
 if __name__ == "__main__":
