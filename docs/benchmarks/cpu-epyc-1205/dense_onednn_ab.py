@@ -6,9 +6,7 @@ step time at batch 1 / 8 / 32 (16-token prompts) and the time to the first token
 
     python docs/benchmarks/cpu-epyc-1205/dense_onednn_ab.py [ROUNDS] > OUT.json
 """
-import json
 import os
-import statistics
 import sys
 
 from backend.engine.config import EngineConfig

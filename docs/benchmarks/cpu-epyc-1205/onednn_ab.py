@@ -7,9 +7,7 @@ to the first token of 100- and 512-token prompts.
 
     python docs/benchmarks/cpu-epyc-1205/onednn_ab.py [ROUNDS] > OUT.json
 """
-import json
 import os
-import statistics
 import sys
 import time
 
