@@ -473,7 +473,10 @@ class _QuantizedLinear(Linear):
     def _build_copy(self) -> torch.Tensor:
         """The kept copy: in bf16 reordered once for oneDNN (``cpu_dequant.onednn_weight``),
         else as ``_dense_for_prefill`` gives it."""
-        w = self._dense_for_prefill()
+        return self._reordered(self._dense_for_prefill())
+
+    def _reordered(self, w: torch.Tensor) -> torch.Tensor:
+        """w in ``_dense_for_prefill``'s layout, reordered for oneDNN where it can be."""
         packed = cpu_dequant.onednn_weight(w if self.copy_is_nk else w.t())
         return w if packed is None else packed
 
@@ -492,11 +495,8 @@ class _QuantizedLinear(Linear):
             dense = w.to_dense()
             self.prefill_weight = dense if self.copy_is_nk else dense.t().contiguous()
         out = super()._apply(fn, recurse)
-        w = self.prefill_weight
-        if w is not None:
-            packed = cpu_dequant.onednn_weight(w if self.copy_is_nk else w.t())
-            if packed is not None:
-                self.prefill_weight = packed
+        if self.prefill_weight is not None:
+            self.prefill_weight = self._reordered(self.prefill_weight)
         return out
 
     def _new_stage(self) -> dict[str, torch.Tensor]:
