@@ -8,9 +8,15 @@ from pydantic import Field
 from backend.schema import Schema
 
 
+# Temperatures below this sample greedily (as vLLM's). Logits divided by a smaller one
+# overflow float32 (7e-207 becomes 0: inf / NaN probabilities), and the draw is the argmax
+# anyway.
+GREEDY_BELOW = 1e-5
+
+
 class SamplingParams(Schema):
     max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0)  # 0 = greedy
+    temperature: float = Field(1.0, ge=0.0)  # below GREEDY_BELOW = greedy
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)  # 0 = off
     seed: int | None = None  # per-request torch.Generator -> reproducible sampling
@@ -20,7 +26,7 @@ class SamplingParams(Schema):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SamplingParams":

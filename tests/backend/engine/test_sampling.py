@@ -44,6 +44,18 @@ def test_temperature_sampling_differs_from_greedy(make_engine) -> None:
     assert hot != greedy
 
 
+def test_tiny_temperature_is_greedy(make_engine) -> None:
+    # 7e-207 is 0 in float32: dividing the logits by it made NaN probabilities
+    engine = make_engine()
+    greedy = engine.generate([PROMPT], SamplingParams(max_tokens=8, temperature=0.0,
+                                                      ignore_eos=True))[0]
+    for t in (7.006746489862513e-207, 1e-6):
+        params = SamplingParams(max_tokens=8, temperature=t, ignore_eos=True)
+        assert params.greedy
+        assert engine.generate([PROMPT], params)[0] == greedy
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
 def _seq(params: SamplingParams) -> Sequence:
     return Sequence("x", [1, 2, 3], 3, params)
 

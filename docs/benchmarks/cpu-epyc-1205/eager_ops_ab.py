@@ -1,0 +1,66 @@
+"""A/B in one process: the CPU engine with its defaults, with the step's eager ops as they
+are ("now": the bf16 norm as one layer_norm over [x, -x], RoPE through one roll) or as in the
+tree before ("before": torch's rms_norm, RoPE by cat((-x2, x1))), alternating round by
+round. Decode step time at batch 1 / 8 / 32 (16-token prompts) and the time to the first
+token of 100- and 512-token prompts.
+
+    python docs/benchmarks/cpu-epyc-1205/eager_ops_ab.py [ROUNDS] > OUT.json
+"""
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.layers import fused_ops
+from backend.weights.loader import load_model_source
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from copy_ab import decode_ms, finish, sample  # noqa: E402
+from onednn_ab import first_token_ms  # noqa: E402
+
+
+def norm_before(x, residual, weight, eps):
+    if residual is not None:
+        x = x + residual
+    return F.rms_norm(x, (x.shape[-1],), weight, eps), x
+
+
+def rope_before(qk, cos, sin):
+    half = qk.shape[-1] // 2
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    qk.copy_(qk * cos + rotated * sin)
+
+
+VARIANTS = {"before": (norm_before, rope_before),
+            "now": (fused_ops.EAGER.add_rms_norm, fused_ops.EAGER.rope_)}
+
+
+def use(ops) -> None:
+    object.__setattr__(fused_ops.EAGER, "add_rms_norm", ops[0])
+    object.__setattr__(fused_ops.EAGER, "rope_", ops[1])
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    eng = LLMEngine(EngineConfig(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
+                                 enable_prefix_caching=False),
+                    load_model_source("smollm2-135m-instruct"))
+    st = eng.stats()
+    out = {"load_start": os.getloadavg(), "weights": st.weights_format,
+           "kernel": st.linear_kernel, "lm_head": st.lm_head_format, "samples": {}}
+    decode_ms(eng, 8, 4)  # warm-up
+    for r in range(rounds):
+        for name in ("before", "now") if r % 2 == 0 else ("now", "before"):
+            use(VARIANTS[name])
+            s = out["samples"].setdefault(name, {})
+            sample(eng, s, (1, 8, 32), (100, 512), first_token_ms)
+            print(name, {k: v[-1] for k, v in s.items()}, file=sys.stderr, flush=True)
+    finish(out)
+
+
+if __name__ == "__main__":
+    main()
