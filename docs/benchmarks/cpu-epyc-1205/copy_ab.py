@@ -50,6 +50,19 @@ def sample(eng, s, batches, prompts, first_token=None):
         s.setdefault(f"first_token_ms_{n}", []).append(round(first_token(eng, n), 1))
 
 
+def alternate(eng, out, names, switch, rounds, batches=(1, 8, 32), prompts=(100, 512),
+              first_token=None):
+    """``rounds`` rounds of the two variants ``names``, their order swapped every round:
+    ``switch(name)`` turns one on, then ``sample`` records it into ``out["samples"]``."""
+    a, b = names
+    for r in range(rounds):
+        for name in (a, b) if r % 2 == 0 else (b, a):
+            switch(name)
+            s = out["samples"].setdefault(name, {})
+            sample(eng, s, batches, prompts, first_token)
+            print(name, {k: v[-1] for k, v in s.items()}, file=sys.stderr, flush=True)
+
+
 def finish(out):
     """Medians per variant and the closing load; printed as JSON."""
     out["medians"] = {name: {k: statistics.median(v) for k, v in s.items()}

@@ -15,7 +15,7 @@ from backend.layers.linear import keep_prefill_dense
 from backend.weights.loader import load_model_source
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from copy_ab import decode_ms, finish, sample  # noqa: E402
+from copy_ab import alternate, decode_ms, finish  # noqa: E402
 from onednn_ab import first_token_ms  # noqa: E402
 
 
@@ -30,15 +30,13 @@ def main():
     out = {"load_start": os.getloadavg(), "weights": st.weights_format,
            "kernel": st.linear_kernel, "copies": st.prefill_dense_weights, "samples": {}}
     decode_ms(eng, 8, 4)  # warm-up
-    for r in range(rounds):
-        for name in ("plain", "onednn") if r % 2 == 0 else ("onednn", "plain"):
-            keep_prefill_dense(model.modules(), "on" if name == "onednn" else "off", 0)
-            assert model.layers[0].qkv.kernel == ("dense-onednn" if name == "onednn"
-                                                  else "dense")
-            decode_ms(eng, 4, 2)
-            s = out["samples"].setdefault(name, {})
-            sample(eng, s, (1, 8, 32), (100, 512), first_token_ms)
-            print(name, {k: v[-1] for k, v in s.items()}, file=sys.stderr, flush=True)
+
+    def switch(name):
+        keep_prefill_dense(model.modules(), "on" if name == "onednn" else "off", 0)
+        assert model.layers[0].qkv.kernel == ("dense-onednn" if name == "onednn" else "dense")
+        decode_ms(eng, 4, 2)
+
+    alternate(eng, out, ("plain", "onednn"), switch, rounds, first_token=first_token_ms)
     finish(out)
 
 

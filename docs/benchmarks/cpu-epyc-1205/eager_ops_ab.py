@@ -18,7 +18,7 @@ from backend.layers import fused_ops
 from backend.weights.loader import load_model_source
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from copy_ab import decode_ms, finish, sample  # noqa: E402
+from copy_ab import alternate, decode_ms, finish  # noqa: E402
 from onednn_ab import first_token_ms  # noqa: E402
 
 
@@ -53,12 +53,8 @@ def main():
     out = {"load_start": os.getloadavg(), "weights": st.weights_format,
            "kernel": st.linear_kernel, "lm_head": st.lm_head_format, "samples": {}}
     decode_ms(eng, 8, 4)  # warm-up
-    for r in range(rounds):
-        for name in ("before", "now") if r % 2 == 0 else ("now", "before"):
-            use(VARIANTS[name])
-            s = out["samples"].setdefault(name, {})
-            sample(eng, s, (1, 8, 32), (100, 512), first_token_ms)
-            print(name, {k: v[-1] for k, v in s.items()}, file=sys.stderr, flush=True)
+    alternate(eng, out, ("before", "now"), lambda name: use(VARIANTS[name]), rounds,
+              first_token=first_token_ms)
     finish(out)
 
 

@@ -3,7 +3,7 @@
 # one server after the other, every run under the benchmark lock.
 set -u
 cd /work/main
-D=docs/benchmarks/cpu-epyc-1205
+D=${D:-docs/benchmarks/cpu-epyc-1205}  # where the JSON goes
 PY=.venv/bin/python
 /tmp/llamacpp/bin/python -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
 for r in ${ROUNDS:-1 2}; do
