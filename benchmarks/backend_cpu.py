@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import os
 import platform
@@ -75,8 +76,8 @@ def build_prompts(tokenizer: object, args: argparse.Namespace) -> dict:
     for i in range(args.reps + 1):  # +1: warm-up
         ids = tokenizer.encode(f"Document {i}. " + _text(rng, args.prompt_tokens * 2))
         long.append(ids[:args.prompt_tokens])
-    chat = []
-    for i in range(args.concurrency + 1):
+    chat = []  # the first `concurrency` go out together; decode takes one per repetition
+    for i in range(max(args.concurrency, args.reps) + 1):
         msg = f"Story {i}: write a long story about " + _text(rng, 10 + 8 * i)
         text = tokenizer.apply_chat_template([{"role": "user", "content": msg}])
         chat.append(tokenizer.encode(text))
@@ -235,43 +236,55 @@ class TransformersSide:
 # --- the run -------------------------------------------------------------------------------
 async def measure(base: str, model: str, hf: TransformersSide | None, prompts: dict,
                   args: argparse.Namespace,
-                  as_text: Callable[[list[int]], str] | None = None) -> dict:
-    """Both sides, alternating repetition by repetition."""
-    out: dict = {"backend": {}, "transformers": {}, "load": {}}
+                  as_text: Callable[[list[int]], str] | None = None,
+                  peer: tuple[str, str, Callable[[list[int]], str]] | None = None) -> dict:
+    """Both sides, alternating repetition by repetition: transformers (``hf``), or a running
+    peer server (``peer`` = (base URL, model, token ids -> its text prompt)), or neither."""
+    other = "peer" if peer else "transformers"
+    out: dict = {"backend": {}, other: {}, "load": {}}
     chat, n, c = prompts["chat"], args.decode_tokens, args.concurrency
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
         be = BackendSide(session, base, model, as_text)
         out["first_request"] = await be.first_request(chat[-1], 16)
         if args.first_request_only:
-            del out["transformers"]
+            del out[other]
             return out
+        side = hf
+        if peer:
+            side = BackendSide(session, *peer)
+            out["peer_first_request"] = await side.first_request(chat[-1], 16)
         await be.aggregate(chat[-1:] * 2, 8)  # warm-up (the engine's first steps are slow)
         await be.ttft(prompts["long"][-1])
         be.server_ttft.clear()
         if hf:
             hf.generate([prompts["long"][-1]], 2)
             hf.generate(chat[-1:] * 2, 8)
+        elif side:
+            await side.aggregate(chat[-1:] * 2, 8)
+            await side.ttft(prompts["long"][-1])
+
+        async def pair(metric: str, call: Callable, i: int) -> None:
+            """One repetition of each side; a peer server goes first in every other one
+            (whatever a request leaves running afterwards falls on both sides alike)."""
+            order = [("backend", be), (other, side)] if side else [("backend", be)]
+            for name, s in order[::-1] if peer and i % 2 else order:
+                value = call(s)
+                value = await value if inspect.isawaitable(value) else value
+                out[name].setdefault(metric, []).append(value)
+
         for i in range(args.reps):
-            _record(out, "ttft_s", await be.ttft(prompts["long"][i]),
-                    hf and hf.ttft(prompts["long"][i]))
+            await pair("ttft_s", lambda s: s.ttft(prompts["long"][i]), i)  # noqa: B023
         out["load"]["after_ttft"] = _load()
         for i in range(args.reps):
-            _record(out, "decode_tok_s", await be.decode(chat[i], n), hf and hf.decode(chat[i], n))
+            await pair("decode_tok_s", lambda s: s.decode(chat[i], n), i)  # noqa: B023
         out["load"]["after_decode"] = _load()
-        for _ in range(args.reps):
-            _record(out, "aggregate_tok_s", await be.aggregate(chat[:c], n),
-                    hf and hf.aggregate(chat[:c], n))
+        for i in range(args.reps):
+            await pair("aggregate_tok_s", lambda s: s.aggregate(chat[:c], n), i)
         out["load"]["after_aggregate"] = _load()
         out["backend"]["server_timings_of_ttft_requests"] = be.server_ttft
-    if not hf:
-        del out["transformers"]
+    if not side:
+        del out[other]
     return out
-
-
-def _record(out: dict, metric: str, backend: float, transformers: float | None) -> None:
-    out["backend"].setdefault(metric, []).append(backend)
-    if transformers is not None:
-        out["transformers"].setdefault(metric, []).append(transformers)
 
 
 def _summary(side: dict) -> dict:
@@ -291,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer-url", default=None,
                    help="measure this running OpenAI-compatible server (e.g. llama.cpp's) "
                         "instead of starting ours; prompts go as text")
+    p.add_argument("--paired", action="store_true",
+                   help="with --peer-url: start ours too and alternate with the peer request "
+                        "by request (transformers skipped), so both see the same machine; "
+                        "the summary gives our ratio over the peer, pair by pair too")
     p.add_argument("--first-request-only", action="store_true",
                    help="start the server, time its first request, stop (no transformers)")
     p.add_argument("--out", default="docs/benchmarks/backend-cpu.json")
@@ -302,8 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": platform.platform(),
               "cpus": os.cpu_count(), "python": platform.python_version(),
               "args": vars(args), "load_start": _load()}
+    peer = None
     if args.peer_url:
-        model = json.loads(_get(f"{args.peer_url}/v1/models"))["data"][0]["id"]
+        peer = (args.peer_url, json.loads(_get(f"{args.peer_url}/v1/models"))["data"][0]["id"],
+                tokenizer.decode)
+    if args.peer_url and not args.paired:
+        model = peer[1]
         result.update(asyncio.run(measure(args.peer_url, model, None, prompts, args,
                                           tokenizer.decode)))
         result["load_end"] = _load()
@@ -319,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         health = json.loads(_get(f"{base}/health"))
         rss_start = _rss_mib(proc.pid)
         model = json.loads(_get(f"{base}/v1/models"))["data"][0]["id"]
-        hf = None if args.skip_transformers or args.first_request_only else TransformersSide()
-        result.update(asyncio.run(measure(base, model, hf, prompts, args)))
+        hf = None if (args.skip_transformers or args.first_request_only or peer) \
+            else TransformersSide()
+        result.update(asyncio.run(measure(base, model, hf, prompts, args, peer=peer)))
         result["backend"].update(command=f"python -m backend --model {args.model} "
                                          f"{args.backend_args}".strip(),
                                  attention_kernel=health["attention_kernel"], dtype=health.get("dtype"),
@@ -339,8 +361,17 @@ def main(argv: list[str] | None = None) -> int:
     result["load_end"] = _load()
     if args.first_request_only:
         return _finish(result, args.out, {"start_s": start_s, **result["first_request"]})
-    result["summary"] = {k: _summary(result[k]) for k in ("backend", "transformers")
+    result["summary"] = {k: _summary(result[k]) for k in ("backend", "transformers", "peer")
                          if k in result}
+    if "peer" in result:
+        b, q = result["backend"], result["peer"]
+        result["summary"]["backend_over_peer"] = {
+            metric: {"median": statistics.median(ratios), "pairs": ratios}
+            for metric, ratios in (
+                ("ttft_speedup", [y / x for x, y in zip(b["ttft_s"], q["ttft_s"])]),
+                ("decode_batch1", [x / y for x, y in zip(b["decode_tok_s"], q["decode_tok_s"])]),
+                (f"aggregate_{args.concurrency}",
+                 [x / y for x, y in zip(b["aggregate_tok_s"], q["aggregate_tok_s"])]))}
     if "transformers" in result:
         b, t = result["summary"]["backend"], result["summary"]["transformers"]
         result["summary"]["backend_over_transformers"] = {
