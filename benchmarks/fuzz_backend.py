@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import httpx
 from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hyp_seed
 from hypothesis import strategies as st
 
 from benchmarks.backend_target import MODEL, BackendTarget, machine, write_result
@@ -170,12 +171,15 @@ def send(client: httpx.Client, url: str, path: str, headers: dict,
     return str(status), "" if ok else f"not an OpenAI error body: {raw[:300]!r}"
 
 
-def fuzz(url: str, cases: int, tally: Tally, stop_on_bad: bool) -> None:
+def fuzz(url: str, cases: int, tally: Tally, stop_on_bad: bool, seed: int | None = None
+         ) -> None:
     """Run `cases` Hypothesis examples against url; with stop_on_bad the first bad answer
-    fails (and Hypothesis shrinks it), else every bad answer is only counted."""
+    fails (and Hypothesis shrinks it), else every bad answer is only counted. Without a
+    seed the cases are the same every run."""
     with httpx.Client() as client:
-        @settings(max_examples=cases, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck), print_blob=True)
+        @settings(max_examples=cases, deadline=None, database=None,
+                  derandomize=seed is None, suppress_health_check=list(HealthCheck),
+                  print_blob=True)
         @given(request_case())
         def one(case: tuple[str, dict, bytes]) -> None:
             path, headers, body = case
@@ -185,6 +189,8 @@ def fuzz(url: str, cases: int, tally: Tally, stop_on_bad: bool) -> None:
                 tally.bad.append(f"{status} {path} {body[:200]!r}: {problem}")
                 assert not stop_on_bad, f"{status}: {problem}"
 
+        if seed is not None:
+            one = hyp_seed(seed)(one)
         one()
 
 
@@ -192,13 +198,15 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.fuzz_backend", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=None,
+                   help="Hypothesis seed (default: derandomized, the same cases every run)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     log_path = os.path.join(tempfile.mkdtemp(prefix="fuzz-"), "backend.log")
     tally = Tally()
     with BackendTarget(log_path) as target:
         t0 = time.monotonic()
-        fuzz(target.base_url, args.cases, tally, stop_on_bad=False)
+        fuzz(target.base_url, args.cases, tally, stop_on_bad=False, seed=args.seed)
         elapsed = time.monotonic() - t0
         idle = target.wait_idle()
         result = {**tally.as_dict(), "duration_s": round(elapsed, 1),
