@@ -1,19 +1,23 @@
-"""benchmarks.backend_cpu --paired on a tiny setting: our server (spawned) beside a running
-peer server (the real app on the synthetic tiny model, in this process); every repetition
-reaches both, and the summary holds one ratio per pair (no timing is asserted)."""
+"""benchmarks.backend_cpu --paired on a small setting: our server (spawned) beside a running
+peer server (the real app, in this process), both on SmolLM2 (a model slow enough that a
+stream's tokens arrive apart; the synthetic tiny one can deliver all of them in one read);
+every repetition reaches both, and the summary holds one ratio per pair (no timing is
+asserted)."""
 import json
 
 from benchmarks import backend_cpu
 from tests.backend.server.conftest import real_server
 
+MODEL = "smollm2-135m-instruct"
+
 
 def test_paired_run_measures_both_sides_pair_by_pair(tmp_path):
-    peer = real_server("synthetic:tiny", max_model_len=512)
+    peer = real_server(MODEL, kv_cache_memory_gib=0.25, max_model_len=1024)
     out = tmp_path / "paired.json"
     try:
         assert backend_cpu.main([
-            "--model", "synthetic:tiny", "--peer-url", peer.base_url, "--paired",
-            "--reps", "3", "--prompt-tokens", "24", "--decode-tokens", "4",
+            "--model", MODEL, "--peer-url", peer.base_url, "--paired",
+            "--reps", "3", "--prompt-tokens", "24", "--decode-tokens", "8",
             "--concurrency", "2", "--out", str(out)]) == 0
     finally:
         peer.stop()
