@@ -67,7 +67,10 @@ class Sampler:
         if all(greedy):
             return logits.argmax(dim=-1)
         N, V = logits.shape
-        temps = self._tensor([s.params.temperature or 1.0 for s in seqs], np.float32)
+        # greedy rows (temperature 0 or below GREEDY_BELOW) take their argmax below; dividing
+        # them by 1 keeps their row of probabilities finite
+        temps = self._tensor([1.0 if g else s.params.temperature for s, g in zip(seqs, greedy)],
+                             np.float32)
         scaled = logits / temps.unsqueeze(1)  # [N, V]
         if any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in seqs):
             scaled = self._top_k_top_p(scaled, seqs)
