@@ -95,3 +95,37 @@ def test_compiled_greedy_parity_without_recompiles(make_engine, references, monk
     engine.generate([[9, 8, 7]], GREEDY)
     # prefills of 16 and 13 tokens, decodes of 3, 2, 1: all served by the warm-up's graphs
     assert counters["frames"]["total"] == frames
+
+
+@pytest.mark.parametrize("fields", [
+    {"dtype": "bfloat16"},
+    {"dtype": "bfloat16", "weights_dtype": "int4", "int4_group_size": 32,
+     "weights_scaling": "none"},
+    {"dtype": "float32", "weights_dtype": "int8", "weights_scaling": "none",
+     "kv_cache_dtype": "int8"},
+])
+def test_flat_eager_loop_matches_each_layers_forward(make_engine, monkeypatch, fields) -> None:
+    """The eager step ops' flat loop over the blocks gives every step's logits bit for bit
+    as each block's own forward does: prefill chunks, mixed steps and decodes."""
+    logits: dict[bool, list[torch.Tensor]] = {}
+    flat_calls: list[int] = []
+    eager_layers = LlamaModel._eager_layers
+    monkeypatch.setattr(LlamaModel, "_eager_layers",
+                        lambda self, *a: (flat_calls.append(1), eager_layers(self, *a))[1])
+    for flat in (True, False):
+        monkeypatch.setattr(LlamaModel, "flat_eager", flat)
+        flat_calls.clear()
+        engine = make_engine(device=DEVICE, attention="sdpa", max_num_batched_tokens=16,
+                             fused_ops=False, **fields)
+        seen = logits.setdefault(flat, [])
+
+        def recording(lg, seqs, seen=seen, sample=engine.runner.sampler.sample):
+            seen.append(lg.clone())
+            return sample(lg, seqs)
+
+        monkeypatch.setattr(engine.runner.sampler, "sample", recording)
+        engine.generate(PROMPTS, GREEDY)
+        assert bool(flat_calls) == flat  # the path under test ran, and only when asked
+    assert len(logits[True]) == len(logits[False]) > len(PROMPTS)
+    for a, b in zip(logits[True], logits[False]):
+        assert torch.equal(a, b)
