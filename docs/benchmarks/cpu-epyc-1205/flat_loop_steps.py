@@ -1,0 +1,64 @@
+"""A/B step by step in one process: decodes of B sequences (16-token prompts) where the
+eager blocks run as one flat loop ("flat") or through each block's own forward
+("layers") on alternate steps, each step timed alone; a VM's drifts fall on both sides.
+Medians of each side's step times and of the ratio within each pair of steps.
+
+    python docs/benchmarks/cpu-epyc-1205/flat_loop_steps.py [STEPS] [BATCHES] > OUT.json
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling import SamplingParams
+from backend.model import LlamaModel
+from backend.weights.loader import load_model_source
+
+
+def pairs(eng, batch: int, steps: int) -> dict:
+    for i in range(batch):
+        eng.add_request(f"b{batch}-{i}-{time.time()}", list(range(200 + i, 216 + i)),
+                        SamplingParams(max_tokens=steps + 8, ignore_eos=True))
+    while any(s.num_generated == 0 for s in eng.seqs.values()):
+        eng.step()
+    times = {"flat": [], "layers": []}
+    for n in range(steps):
+        # the order inside a pair swaps every pair
+        name = ("flat", "layers")[(n + n // 2) % 2]
+        LlamaModel.flat_eager = name == "flat"
+        t = time.perf_counter()
+        eng.step()
+        times[name].append((time.perf_counter() - t) * 1e3)
+    while eng.has_unfinished():
+        eng.step()
+    ratios = [f / la for f, la in zip(times["flat"], times["layers"])]
+    return {"steps_each": len(times["flat"]),
+            "flat_ms_median": round(statistics.median(times["flat"]), 3),
+            "layers_ms_median": round(statistics.median(times["layers"]), 3),
+            "flat_over_layers_median_of_pairs": round(statistics.median(ratios), 4),
+            "pairs_flat_faster": sum(r < 1 for r in ratios)}
+
+
+def main():
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+    batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1,8,32").split(",")]
+    eng = LLMEngine(EngineConfig(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
+                                 enable_prefix_caching=False),
+                    load_model_source("smollm2-135m-instruct"))
+    st = eng.stats()
+    out = {"load_start": os.getloadavg(), "weights": st.weights_format,
+           "kernel": st.linear_kernel, "lm_head": st.lm_head_format, "batches": {}}
+    pairs(eng, 4, 16)  # warm-up
+    for b in batches:
+        out["batches"][b] = pairs(eng, b, steps)
+        print(b, out["batches"][b], file=sys.stderr, flush=True)
+    out["load_end"] = os.getloadavg()
+    LlamaModel.flat_eager = True
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
