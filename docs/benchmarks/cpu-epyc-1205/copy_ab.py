@@ -17,6 +17,17 @@ from backend.layers import cpu_dequant
 from backend.weights.loader import load_model_source
 
 
+def smollm2_engine() -> tuple[LLMEngine, dict]:
+    """The CPU engine on SmolLM2 with its defaults (64 sequences, no prefix cache) and the
+    record a run starts from: load, weight format, kernel, LM head."""
+    eng = LLMEngine(EngineConfig(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
+                                 enable_prefix_caching=False),
+                    load_model_source("smollm2-135m-instruct"))
+    st = eng.stats()
+    return eng, {"load_start": os.getloadavg(), "weights": st.weights_format,
+                 "kernel": st.linear_kernel, "lm_head": st.lm_head_format}
+
+
 def decode_ms(eng, batch, steps=24, **params):
     """ms per decode step of ``batch`` requests with 16-token prompts (``params`` go to their
     SamplingParams), after their prefills."""

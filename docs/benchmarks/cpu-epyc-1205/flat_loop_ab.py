@@ -8,24 +8,17 @@ forward ("layers", as before), alternating round by round. Decode step time at b
 import os
 import sys
 
-from backend.engine.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
 from backend.model import LlamaModel
-from backend.weights.loader import load_model_source
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from copy_ab import alternate, decode_ms, finish  # noqa: E402
+from copy_ab import alternate, decode_ms, finish, smollm2_engine  # noqa: E402
 from onednn_ab import first_token_ms  # noqa: E402
 
 
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    eng = LLMEngine(EngineConfig(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
-                                 enable_prefix_caching=False),
-                    load_model_source("smollm2-135m-instruct"))
-    st = eng.stats()
-    out = {"load_start": os.getloadavg(), "weights": st.weights_format,
-           "kernel": st.linear_kernel, "lm_head": st.lm_head_format, "samples": {}}
+    eng, out = smollm2_engine()
+    out["samples"] = {}
     decode_ms(eng, 8, 4)  # warm-up
     alternate(eng, out, ("layers", "flat"),
               lambda name: setattr(LlamaModel, "flat_eager", name == "flat"), rounds,

@@ -11,11 +11,11 @@ import statistics
 import sys
 import time
 
-from backend.engine.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.model import LlamaModel
-from backend.weights.loader import load_model_source
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from copy_ab import smollm2_engine  # noqa: E402
 
 
 def pairs(eng, batch: int, steps: int) -> dict:
@@ -45,12 +45,8 @@ def pairs(eng, batch: int, steps: int) -> dict:
 def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 400
     batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1,8,32").split(",")]
-    eng = LLMEngine(EngineConfig(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
-                                 enable_prefix_caching=False),
-                    load_model_source("smollm2-135m-instruct"))
-    st = eng.stats()
-    out = {"load_start": os.getloadavg(), "weights": st.weights_format,
-           "kernel": st.linear_kernel, "lm_head": st.lm_head_format, "batches": {}}
+    eng, out = smollm2_engine()
+    out["batches"] = {}
     pairs(eng, 4, 16)  # warm-up
     for b in batches:
         out["batches"][b] = pairs(eng, b, steps)
