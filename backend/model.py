@@ -95,16 +95,22 @@ class DecoderLayer(nn.Module):
         """x, residual: [T, hidden] (residual None in the first layer); cos/sin: [T, hd]
         -> q [T, H, hd], k, v [T, kvh, hd] (views of one qkv matrix), residual. Without
         ``rope`` q and k are returned unrotated (attention's KV store rotates them)."""
-        T = x.shape[0]
-        H, kvh, hd = self.H, self.kvh, self.hd
         norm = Prologue(NORM if residual is None else ADD_NORM, residual, self.input_norm,
                         self.eps)
         qkv, residual = matmul(self.qkv, x, norm, ops)  # [T, (H + 2 kvh) * hd]
+        return *self.split_qkv(qkv, cos, sin, ops, rope), residual
+
+    def split_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  ops: StepOps = EAGER, rope: bool = True) -> tuple[torch.Tensor, ...]:
+        """qkv [T, (H + 2 kvh) * hd] -> q [T, H, hd], k, v [T, kvh, hd], views of it; with
+        ``rope`` q and k rotated in place first."""
+        T = qkv.shape[0]
+        H, kvh, hd = self.H, self.kvh, self.hd
         if rope:
             ops.rope_(qkv[:, : (H + kvh) * hd].view(T, H + kvh, hd), cos, sin)  # in place
         q = qkv[:, : H * hd].view(T, H, hd)
         kv = qkv[:, H * hd:].view(T, 2, kvh, hd)
-        return q, kv[:, 0], kv[:, 1], residual
+        return q, kv[:, 0], kv[:, 1]
 
     def post_attention(self, out: torch.Tensor, residual: torch.Tensor, ops: StepOps = EAGER
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,18 +318,13 @@ class LlamaModel(nn.Module):
         without its per-call Python (prologue records, ``matmul``'s kernel choice, module
         calls): about 1 ms of a 12-13 ms SmolLM2 decode step at batch 1 on a 2-core CPU.
         x: [T, hidden] embeddings -> the last block's (x, residual)."""
-        T = x.shape[0]
-        norm, rope_, silu_mul = EAGER.add_rms_norm, EAGER.rope_, EAGER.silu_mul
+        norm, silu_mul = EAGER.add_rms_norm, EAGER.silu_mul
         residual = None
         for i, layer in enumerate(self.layers):
-            H, kvh, hd, eps = layer.H, layer.kvh, layer.hd, layer.eps
-            h, residual = norm(x, residual, layer.input_norm, eps)
-            qkv = layer.qkv.forward(h)  # [T, (H + 2 kvh) * hd]
-            rope_(qkv[:, : (H + kvh) * hd].view(T, H + kvh, hd), cos, sin)  # in place
-            kv = qkv[:, H * hd:].view(T, 2, kvh, hd)
+            h, residual = norm(x, residual, layer.input_norm, layer.eps)
+            q, k, v = layer.split_qkv(layer.qkv.forward(h), cos, sin)  # RoPE'd in place
             with stage("attention"):
-                out = attn.forward(i, qkv[:, : H * hd].view(T, H, hd), kv[:, 0], kv[:, 1],
-                                   meta)  # [T, H * hd]
-            h, residual = norm(layer.o.forward(out), residual, layer.post_norm, eps)
+                out = attn.forward(i, q, k, v, meta)  # [T, H * hd]
+            h, residual = norm(layer.o.forward(out), residual, layer.post_norm, layer.eps)
             x = layer.down.forward(silu_mul(layer.gate_up.forward(h)))
         return x, residual
