@@ -11,19 +11,14 @@ import statistics
 import sys
 import time
 
-from backend.engine.sampling import SamplingParams
 from backend.model import LlamaModel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from copy_ab import smollm2_engine  # noqa: E402
+from copy_ab import smollm2_engine, start_decodes  # noqa: E402
 
 
 def pairs(eng, batch: int, steps: int) -> dict:
-    for i in range(batch):
-        eng.add_request(f"b{batch}-{i}-{time.time()}", list(range(200 + i, 216 + i)),
-                        SamplingParams(max_tokens=steps + 8, ignore_eos=True))
-    while any(s.num_generated == 0 for s in eng.seqs.values()):
-        eng.step()
+    start_decodes(eng, batch, steps + 8)
     times = {"flat": [], "layers": []}
     for n in range(steps):
         # the order inside a pair swaps every pair
