@@ -104,8 +104,10 @@ def test_the_blocks_free_check_catches_a_leak(make_engine) -> None:
     from tests.backend.tiny_models import assert_all_blocks_free
 
     engine = make_engine()
-    engine.add_request("leak", list(range(3, 40)), SamplingParams(max_tokens=4))
+    # ignore_eos: a sampled EOS would end the request in its first step and free its blocks
+    engine.add_request("leak", list(range(3, 40)), SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()
+    assert engine.has_unfinished()
     with pytest.raises(AssertionError):
         assert_all_blocks_free([engine])
     engine.abort_request("leak")
