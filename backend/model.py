@@ -187,6 +187,7 @@ class LlamaModel(nn.Module):
                              persistent=False)
         self.step_ops, self.ops = "eager", EAGER
         self.compiled_pieces: list[str] = []
+        self._bound_at = -1  # the Linear.generation _matmuls' lists were built at
         self.head_fn = self.head
         if random_init:  # skipped when load_weights follows: it fills every tensor
             self._random_init(seed)
@@ -320,11 +321,28 @@ class LlamaModel(nn.Module):
         x: [T, hidden] embeddings -> the last block's (x, residual)."""
         norm, silu_mul = EAGER.add_rms_norm, EAGER.silu_mul
         residual = None
-        for i, layer in enumerate(self.layers):
+        for i, (layer, qkv, o, gate_up, down) in enumerate(self._matmuls(x.shape[0])):
             h, residual = norm(x, residual, layer.input_norm, layer.eps)
-            q, k, v = layer.split_qkv(layer.qkv.forward(h), cos, sin)  # RoPE'd in place
+            q, k, v = layer.split_qkv(qkv(h), cos, sin)  # RoPE'd in place
             with stage("attention"):
                 out = attn.forward(i, q, k, v, meta)  # [T, H * hd]
-            h, residual = norm(layer.o.forward(out), residual, layer.post_norm, layer.eps)
-            x = layer.down.forward(silu_mul(layer.gate_up.forward(h)))
+            h, residual = norm(o(out), residual, layer.post_norm, layer.eps)
+            x = down(silu_mul(gate_up(h)))
         return x, residual
+
+    def _matmuls(self, rows: int) -> list[tuple]:
+        """Per block (the block, its qkv, o, gate_up and down matmuls) for a step of
+        ``rows`` tokens: each layer's ``few_rows_fn`` where the rows allow (the kernels
+        bound once, rebuilt when ``Linear.generation`` moves), else its ``forward``."""
+        if self._bound_at != Linear.generation:
+            names = ("qkv", "o", "gate_up", "down")
+            bound = [(layer, [getattr(layer, n).few_rows_fn() for n in names])
+                     for layer in self.layers]
+            self._few_rows = [(layer, *(fn for fn, _ in fns)) for layer, fns in bound]
+            self._few_rows_kinds = {k for _, fns in bound for _, k in fns} - {None}
+            self._forwards = [(layer, *(getattr(layer, n).forward for n in names))
+                              for layer in self.layers]
+            self._bound_at = Linear.generation
+        if all(rows < cpu_dequant.few_rows_limit(k) for k in self._few_rows_kinds):
+            return self._few_rows
+        return self._forwards

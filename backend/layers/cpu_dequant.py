@@ -40,6 +40,14 @@ COPY_MIN_ROWS = {"int8": 4, "int4": 9, "int8-plain": 16, "int4-plain": 24}
 # int4 head was not measured: it keeps the block layers' thresholds.
 HEAD_COPY_MIN_ROWS = {"int8": 3, "int8-plain": 6, "int4": COPY_MIN_ROWS["int4"],
                       "int4-plain": COPY_MIN_ROWS["int4-plain"]}
+
+
+def few_rows_limit(kind: str) -> int:
+    """Rows below which a quantised CPU layer of ``kind`` ("int4", "int8") runs its packed
+    kernel whatever copy it keeps (``Linear.few_rows_fn``)."""
+    return min(DENSE_MIN_ROWS[kind], COPY_MIN_ROWS[kind], COPY_MIN_ROWS[f"{kind}-plain"])
+
+
 CHUNK_ELEMENTS = 1 << 22  # weights dequantised at once: 8 MiB of bf16 scratch at most
 
 # A nibble q becomes a float exactly by writing it into the low mantissa bits of a power of

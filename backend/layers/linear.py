@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -173,6 +173,9 @@ class Linear(nn.Module):
     parameters, quantised codes and scales buffers (registered once packed), so
     ``state_dict``, ``named_parameters``/``named_buffers`` and ``.to`` see them all."""
     kernel = "none"
+    # Counts the times any layer's packed tensors were built or replaced (load, ``.to``):
+    # callables that hold them (``few_rows_fn``) are stale once it moves.
+    generation = 0
 
     def __init__(self, out_features: int, in_features: int, bias: bool,
                  device: torch.device, dtype: torch.dtype) -> None:
@@ -196,6 +199,14 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def few_rows_fn(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], str | None]:
+        """(fn, kind): ``fn(x)`` is ``forward(x)`` for x of fewer rows than
+        ``cpu_dequant.few_rows_limit(kind)``, with the kernel and its tensors bound once (a
+        decode step's flat loop skips ``forward``'s per-call choice: ~3 us a call on a
+        2-core CPU); kind None: fn is ``forward`` itself, for any rows. Valid until
+        ``Linear.generation`` moves."""
+        return self.forward, None
 
     def one_token(self, x: torch.Tensor, prologue: Prologue
                   ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -417,6 +428,7 @@ class _QuantizedLinear(Linear):
         self._filled[rows] = True
         if bool(self._filled.all()):
             self._pack(self._stage)
+            Linear.generation += 1
             self._stage = None
             self._filled.zero_()  # a later full reload (a shared init, tests) starts over
             if self.prefill_weight is not None:  # a reload: the copy follows the new codes
@@ -449,7 +461,7 @@ class _QuantizedLinear(Linear):
         return "cpu-dequant+F.linear" if self._dense_copy_possible() else self.kernel
 
     def _dense_copy_possible(self) -> bool:
-        return self.device.type == "cpu" and self.kernel != "unloaded"
+        return self._packed_on_cpu()
 
     def _through_copy(self, x: torch.Tensor, kind: str) -> bool:
         """Whether this CPU call multiplies by the kept dense copy: enough rows
@@ -497,7 +509,17 @@ class _QuantizedLinear(Linear):
         out = super()._apply(fn, recurse)
         if self.prefill_weight is not None:
             self.prefill_weight = self._reordered(self.prefill_weight)
+        Linear.generation += 1
         return out
+
+    def _packed_on_cpu(self) -> bool:
+        return self.device.type == "cpu" and self.kernel != "unloaded"
+
+    def _with_bias(self, mm: Callable[[torch.Tensor], torch.Tensor], kind: str
+                   ) -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
+        """``few_rows_fn`` of a CPU layer whose packed kernel (bias left out) is ``mm``."""
+        bias = self.bias
+        return (mm if bias is None else lambda x: mm(x) + bias), kind
 
     def _new_stage(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -555,6 +577,12 @@ class Int8Linear(_QuantizedLinear):
         else:
             y = F.linear(x, gpu_dequant.int8_dense(self.q, self.scale, x.dtype))
         return self._add_bias(y)  # [T, N]
+
+    def few_rows_fn(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], str | None]:
+        if not self._packed_on_cpu():
+            return super().few_rows_fn()
+        q, scale = self.q, self.scale
+        return self._with_bias(lambda x: torch._weight_int8pack_mm(x, q, scale), "int8")
 
     def one_token(self, x: torch.Tensor, prologue: Prologue
                   ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -637,6 +665,13 @@ class Int4Linear(_QuantizedLinear):
             return torch._weight_int4pack_mm_for_cpu(eye, self.packed, G,
                                                      self.scale_zero).float().t()
         return quant_kernels.dequantize_int4(self.packed, self.scale_min, G).float()
+
+    def few_rows_fn(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], str | None]:
+        if not self._packed_on_cpu():
+            return super().few_rows_fn()
+        packed, scale_zero, G = self.packed, self.scale_zero, self.group_size
+        return self._with_bias(
+            lambda x: torch._weight_int4pack_mm_for_cpu(x, packed, G, scale_zero), "int4")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         G = self.group_size

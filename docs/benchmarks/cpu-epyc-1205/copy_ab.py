@@ -38,6 +38,30 @@ def start_decodes(eng, batch, max_tokens, **params):
         eng.step()
 
 
+def step_pairs(eng, batch: int, steps: int, names: tuple[str, str], switch) -> dict:
+    """Decodes of ``batch`` sequences where ``switch(name)`` turns one of the two variants
+    ``names`` on before each step, alternately (the order inside a pair swaps every
+    pair), each step timed alone: a VM's drifts fall on both sides. Medians of each side's
+    step times and of the ratio within each pair of steps."""
+    start_decodes(eng, batch, steps + 8)
+    a, b = names
+    times = {a: [], b: []}
+    for n in range(steps):
+        name = names[(n + n // 2) % 2]
+        switch(name)
+        t = time.perf_counter()
+        eng.step()
+        times[name].append((time.perf_counter() - t) * 1e3)
+    while eng.has_unfinished():
+        eng.step()
+    ratios = [x / y for x, y in zip(times[a], times[b])]
+    return {"steps_each": len(times[a]),
+            f"{a}_ms_median": round(statistics.median(times[a]), 3),
+            f"{b}_ms_median": round(statistics.median(times[b]), 3),
+            f"{a}_over_{b}_median_of_pairs": round(statistics.median(ratios), 4),
+            f"pairs_{a}_faster": sum(r < 1 for r in ratios)}
+
+
 def decode_ms(eng, batch, steps=24, **params):
     """ms per decode step of ``batch`` requests with 16-token prompts (``params`` go to their
     SamplingParams), after their prefills."""

@@ -7,34 +7,18 @@ Medians of each side's step times and of the ratio within each pair of steps.
 """
 import json
 import os
-import statistics
 import sys
-import time
 
 from backend.model import LlamaModel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from copy_ab import smollm2_engine, start_decodes  # noqa: E402
+from copy_ab import smollm2_engine, step_pairs  # noqa: E402
 
 
 def pairs(eng, batch: int, steps: int) -> dict:
-    start_decodes(eng, batch, steps + 8)
-    times = {"flat": [], "layers": []}
-    for n in range(steps):
-        # the order inside a pair swaps every pair
-        name = ("flat", "layers")[(n + n // 2) % 2]
+    def switch(name):
         LlamaModel.flat_eager = name == "flat"
-        t = time.perf_counter()
-        eng.step()
-        times[name].append((time.perf_counter() - t) * 1e3)
-    while eng.has_unfinished():
-        eng.step()
-    ratios = [f / la for f, la in zip(times["flat"], times["layers"])]
-    return {"steps_each": len(times["flat"]),
-            "flat_ms_median": round(statistics.median(times["flat"]), 3),
-            "layers_ms_median": round(statistics.median(times["layers"]), 3),
-            "flat_over_layers_median_of_pairs": round(statistics.median(ratios), 4),
-            "pairs_flat_faster": sum(r < 1 for r in ratios)}
+    return step_pairs(eng, batch, steps, ("flat", "layers"), switch)
 
 
 def main():

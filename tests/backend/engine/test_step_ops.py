@@ -12,7 +12,7 @@ from torch._dynamo.utils import counters
 from backend.engine.sampling import SamplingParams
 from backend.engine.step_ops import resolve_step_ops
 from backend.layers import fused_ops
-from backend.layers.linear import WeightFormat
+from backend.layers.linear import DenseLinear, Int4Linear, Int8Linear, WeightFormat
 from backend.model import LlamaModel
 from backend.weights.config import ModelConfig
 from tests.backend.tiny_models import hf_greedy
@@ -106,15 +106,24 @@ def test_compiled_greedy_parity_without_recompiles(make_engine, references, monk
 ])
 def test_flat_eager_loop_matches_each_layers_forward(make_engine, monkeypatch, fields) -> None:
     """The eager step ops' flat loop over the blocks gives every step's logits bit for bit
-    as each block's own forward does: prefill chunks, mixed steps and decodes."""
+    as each block's own forward does: prefill chunks, mixed steps and decodes. On the CPU
+    its steps of few rows call the quantised layers' bound kernels (``few_rows_fn``)
+    instead of their ``forward``."""
     logits: dict[bool, list[torch.Tensor]] = {}
     flat_calls: list[int] = []
     eager_layers = LlamaModel._eager_layers
     monkeypatch.setattr(LlamaModel, "_eager_layers",
                         lambda self, *a: (flat_calls.append(1), eager_layers(self, *a))[1])
+    forwards: dict[bool, int] = {}
+    for cls in (DenseLinear, Int4Linear, Int8Linear):
+        def counting(self, x, forward=cls.forward):
+            forwards[flat] += 1
+            return forward(self, x)
+        monkeypatch.setattr(cls, "forward", counting)
     for flat in (True, False):
         monkeypatch.setattr(LlamaModel, "flat_eager", flat)
         flat_calls.clear()
+        forwards[flat] = 0
         engine = make_engine(device=DEVICE, attention="sdpa", max_num_batched_tokens=16,
                              fused_ops=False, **fields)
         seen = logits.setdefault(flat, [])
@@ -129,3 +138,7 @@ def test_flat_eager_loop_matches_each_layers_forward(make_engine, monkeypatch, f
     assert len(logits[True]) == len(logits[False]) > len(PROMPTS)
     for a, b in zip(logits[True], logits[False]):
         assert torch.equal(a, b)
+    if DEVICE == "cpu" and "weights_dtype" in fields:  # decodes of 1-3 rows: bound kernels
+        assert forwards[True] < forwards[False]
+    else:
+        assert forwards[True] == forwards[False]

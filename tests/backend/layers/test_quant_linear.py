@@ -12,7 +12,9 @@ from gguf.quants import dequantize, quantize
 from backend.engine import model_runner
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from backend.layers.linear import LinearRows, WeightFormat, make_linear, resolve_weight_format
+from backend.layers import cpu_dequant
+from backend.layers.linear import (Linear, LinearRows, WeightFormat, make_linear,
+                                   resolve_weight_format)
 from backend.layers.quantize import GroupQuantized, quantize_int4, quantize_int8
 from backend.model import LlamaModel
 from backend.weights.gguf_loader import load_gguf
@@ -51,6 +53,30 @@ def test_cpu_packed_matmul_matches_dequantised_reference(kind, dtype, rows):
     got = layer(x).float()
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, ref, atol=tol * ref.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_few_rows_fn_is_forward_bit_for_bit_and_follows_reloads(kind, bias):
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(96, 128, generator=gen) * 0.05
+    layer = quantised_layer(kind, w, torch.bfloat16,
+                            bias=torch.randn(96, generator=gen) if bias else None)
+    fn, got_kind = layer.few_rows_fn()
+    assert got_kind == kind and fn != layer.forward
+    for rows in range(1, cpu_dequant.few_rows_limit(kind)):
+        x = torch.randn(rows, 128, generator=gen).to(torch.bfloat16)
+        assert torch.equal(fn(x), layer(x))
+    # new codes (a reload) or a conversion build new packed tensors: the generation moves
+    at = Linear.generation
+    LinearRows(layer, slice(0, None)).load(w * 2)
+    assert Linear.generation > at
+    at = Linear.generation
+    layer.float()
+    assert Linear.generation > at
+    # before loading, or off the CPU, the layer hands out forward itself
+    fresh = make_linear(WeightFormat(kind, None, 32), 96, 128, False, CPU, torch.bfloat16)
+    assert fresh.few_rows_fn() == (fresh.forward, None)
 
 
 def test_quantisers_error_bounds_and_reference():
