@@ -360,7 +360,8 @@ class DenseLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if self._onednn is not None and x.dtype == torch.bfloat16:
+        if (self._onednn is not None and x.dtype == torch.bfloat16
+                and not torch.compiler.is_compiling()):  # compiled: no opaque layouts
             return self._add_bias(cpu_dequant.onednn_linear(x, self._onednn))
         if self.fp16_packed:
             if x.shape[0] < cpu_fp16.DENSE_MIN_ROWS:
@@ -465,9 +466,11 @@ class _QuantizedLinear(Linear):
 
     def _through_copy(self, x: torch.Tensor, kind: str) -> bool:
         """Whether this CPU call multiplies by the kept dense copy: enough rows
-        (``copy_min_rows``) and a copy in the activations' dtype."""
+        (``copy_min_rows``), a copy in the activations' dtype, and not inside torch.compile
+        (``--compile``), whose traced code cannot read oneDNN's opaque layout: the codes
+        serve compiled calls."""
         w = self.prefill_weight
-        if w is None or w.dtype != x.dtype:
+        if w is None or w.dtype != x.dtype or torch.compiler.is_compiling():
             return False
         return x.shape[0] >= self.copy_min_rows[kind if w.is_mkldnn else f"{kind}-plain"]
 

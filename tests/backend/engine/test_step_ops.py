@@ -97,6 +97,23 @@ def test_compiled_greedy_parity_without_recompiles(make_engine, references, monk
     assert counters["frames"]["total"] == frames
 
 
+@pytest.mark.skipif(DEVICE != "cpu" or not (shutil.which("g++") or shutil.which("c++")),
+                    reason="dense copies are the CPU's; torch.compile there needs a C++ compiler")
+def test_compiled_pieces_run_beside_the_cpus_onednn_copies(make_engine, monkeypatch,
+                                                           tmp_path) -> None:
+    """bf16 int4 layers keep oneDNN-reordered dense copies for calls of many rows; the
+    compiled pieces cannot trace that layout and take the codes instead, so prefills of
+    any length are served (they failed as whole requests before)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    engine = make_engine(attention="sdpa", max_num_batched_tokens=64, compile=True,
+                         dtype="bfloat16", weights_dtype="int4", int4_group_size=32,
+                         weights_scaling="none", prefill_dense_weights="on")
+    assert engine.runner.prefill_dense.layers > 0
+    outputs = engine.generate(PROMPTS, GREEDY)  # prefills of 7, 3 and 37 tokens
+    assert [len(tokens) for tokens in outputs] == [GREEDY.max_tokens] * len(PROMPTS)
+
+
 @pytest.mark.parametrize("fields", [
     {"dtype": "bfloat16"},
     {"dtype": "bfloat16", "weights_dtype": "int4", "int4_group_size": 32,

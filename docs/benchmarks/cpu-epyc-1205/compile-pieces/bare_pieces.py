@@ -1,5 +1,7 @@
-# The blocks as one bare function over the engine's weights and ops (330-token context, greedy
-# argmax), against the engine's step on a fresh 300-token prompt (60 steps), alternating. Output: bare-function.txt.
+# Tried and dropped: the pieces between attention calls of a batch-1 SmolLM2 decode step
+# (norm + qkv + RoPE; o + norm + gate_up + SiLU-mul + down) as bare functions over the
+# engine's weights, eager against torch.compile (inductor's C++ kernels, cpp.threads = 1;
+# attention eager between them; 330-token context). Output: bare-pieces.txt.
 import time, torch, sys, statistics
 import torch.nn.functional as F
 from backend.engine.config import EngineConfig
