@@ -2,34 +2,10 @@
 # (norm + qkv + RoPE; o + norm + gate_up + SiLU-mul + down) as bare functions over the
 # engine's weights, eager against torch.compile (inductor's C++ kernels, cpp.threads = 1;
 # attention eager between them; 330-token context). Output: bare-pieces.txt.
-import time, torch, sys, statistics
+import os, sys, time, torch
 import torch.nn.functional as F
-from backend.engine.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
-from backend.engine.sampling import SamplingParams
-from backend.weights.loader import load_model_source
-from backend.layers.fused_ops import _doubled
-torch.set_grad_enabled(False)
-eng = LLMEngine(EngineConfig(kv_cache_memory_gib=0.25, max_model_len=1024, enable_prefix_caching=False), load_model_source("smollm2-135m-instruct"))
-m = eng.runner.model
-H, kvh, hd, inter, D = 9, 3, 64, 1536, 576
-eps = m.cfg.rms_norm_eps
-L = [(_doubled(l.input_norm), l.qkv.packed, l.qkv.scale_zero, l.o.packed, l.o.scale_zero, _doubled(l.post_norm),
-      l.gate_up.packed, l.gate_up.scale_zero, l.down.packed, l.down.scale_zero) for l in m.layers]
-fnorm = _doubled(m.norm)
-head = m.lm_head
-cache = eng.runner.kv_cache.data if hasattr(eng.runner, "kv_cache") else None
-print(type(cache))
-C = 330
-data = torch.zeros(30, 1024, 2, kvh, hd, dtype=torch.bfloat16)
-idx = torch.arange(C + 1)
-slot = torch.tensor([C])
-def norm(x, w2):
-    return F.layer_norm(torch.cat((x, -x), -1), (2 * D,), w2, None, eps)[:, :D]
-mm = torch._weight_int4pack_mm_for_cpu
-def norm(x, w2):
-    return F.layer_norm(torch.cat((x, -x), -1), (2 * D,), w2, None, eps)[:, :D]
-mm = torch._weight_int4pack_mm_for_cpu
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "flat-loop"))
+from bare_function import H, L, cos, data, fnorm, hd, head, idx, inter, kvh, mm, norm, sin, slot, x  # the set-up
 def rope(qkv, cos, sin):
     qk = qkv[:, :(H + kvh) * hd].view(-1, H + kvh, hd)
     r = qk.roll(32, -1); r[..., :32].neg_()
@@ -69,12 +45,6 @@ def make_step(first, between, last):
                 h = last(o, res, op, os_, n2, gp, gs, dp, ds, fnorm)
         return head(h).float().argmax(-1)
     return step
-C = 330
-data = torch.zeros(30, 1024, 2, kvh, hd, dtype=torch.bfloat16)
-idx = torch.arange(C + 1)
-slot = torch.tensor([C])
-x = torch.randn(1, 576, dtype=torch.bfloat16)
-cos, sin = m.cos_table[C:C+1].unsqueeze(1), m.sin_table[C:C+1].unsqueeze(1)
 import torch._inductor.config as ic; ic.cpp.threads = 1
 eager = make_step(first, between, last)
 t = time.perf_counter()

@@ -53,21 +53,22 @@ def step(x, cos, sin):
     return head(h).float().argmax(-1)
 x = torch.randn(1, 576, dtype=torch.bfloat16)
 cos, sin = m.cos_table[C:C+1].unsqueeze(1), m.sin_table[C:C+1].unsqueeze(1)
-def lean(n=60):
-    t = time.perf_counter()
-    for _ in range(n): step(x, cos, sin)
-    return (time.perf_counter() - t) / n * 1e3
-def engine(n=60):
-    eng.add_request(f"a{time.time()}", list(range(100, 400)), SamplingParams(max_tokens=n + 5, ignore_eos=True, temperature=0))
-    for _ in range(3): eng.step()
-    t = time.perf_counter()
-    for _ in range(n): eng.step()
-    r = (time.perf_counter() - t) / n * 1e3
-    while eng.has_unfinished(): eng.step()
-    return r
-lean(5); engine(5)
-a, b = [], []
-for r in range(5):
-    a.append(lean()); b.append(engine())
-print("lean step ms", [round(v, 2) for v in a], statistics.median(a))
-print("engine step ms", [round(v, 2) for v in b], statistics.median(b))
+if __name__ == "__main__":  # (compile-pieces/ imports the set-up above)
+    def lean(n=60):
+        t = time.perf_counter()
+        for _ in range(n): step(x, cos, sin)
+        return (time.perf_counter() - t) / n * 1e3
+    def engine(n=60):
+        eng.add_request(f"a{time.time()}", list(range(100, 400)), SamplingParams(max_tokens=n + 5, ignore_eos=True, temperature=0))
+        for _ in range(3): eng.step()
+        t = time.perf_counter()
+        for _ in range(n): eng.step()
+        r = (time.perf_counter() - t) / n * 1e3
+        while eng.has_unfinished(): eng.step()
+        return r
+    lean(5); engine(5)
+    a, b = [], []
+    for r in range(5):
+        a.append(lean()); b.append(engine())
+    print("lean step ms", [round(v, 2) for v in a], statistics.median(a))
+    print("engine step ms", [round(v, 2) for v in b], statistics.median(b))
