@@ -202,9 +202,10 @@ class Linear(nn.Module):
 
     def few_rows_fn(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], str | None]:
         """(fn, kind): ``fn(x)`` is ``forward(x)`` for x of fewer rows than
-        ``cpu_dequant.few_rows_limit(kind)``, with the kernel and its tensors bound once (a
-        decode step's flat loop skips ``forward``'s per-call choice: ~3 us a call on a
-        2-core CPU); kind None: fn is ``forward`` itself, for any rows. Valid until
+        ``cpu_dequant.few_rows_limit(kind)`` (for a layer on the module's copy thresholds,
+        as the blocks' are; the LM head has its own), with the kernel and its tensors bound
+        once (a decode step's flat loop skips ``forward``'s per-call choice: ~3 us a call on
+        a 2-core CPU); kind None: fn is ``forward`` itself, for any rows. Valid until
         ``Linear.generation`` moves."""
         return self.forward, None
 
