@@ -12,7 +12,8 @@ from .harness import wait_engine_idle
 
 MODEL = "smollm2-135m-instruct"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-COMPLETION = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+# ignore_eos: a sampled EOS would end a request before its 2 tokens (they are counted)
+COMPLETION = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "ignore_eos": True}
 
 
 def _raw(body: dict, **replace: str) -> bytes:
