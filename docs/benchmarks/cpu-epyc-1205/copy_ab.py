@@ -62,6 +62,23 @@ def step_pairs(eng, batch: int, steps: int, names: tuple[str, str], switch) -> d
             f"pairs_{a}_faster": sum(r < 1 for r in ratios)}
 
 
+def step_pairs_main(names: tuple[str, str], switch, batches: str) -> None:
+    """The command line of a step-by-step A/B: ``[STEPS] [BATCHES]`` (default 400 and
+    ``batches``), a warm-up, ``step_pairs`` per batch, the JSON on stdout; the first
+    variant is left on."""
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+    sizes = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else batches).split(",")]
+    eng, out = smollm2_engine()
+    step_pairs(eng, 4, 16, names, switch)  # warm-up
+    out["batches"] = {}
+    for b in sizes:
+        out["batches"][b] = step_pairs(eng, b, steps, names, switch)
+        print(b, out["batches"][b], file=sys.stderr, flush=True)
+    switch(names[0])
+    out["load_end"] = os.getloadavg()
+    print(json.dumps(out))
+
+
 def decode_ms(eng, batch, steps=24, **params):
     """ms per decode step of ``batch`` requests with 16-token prompts (``params`` go to their
     SamplingParams), after their prefills."""

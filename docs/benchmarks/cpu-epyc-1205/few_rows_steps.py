@@ -6,14 +6,13 @@ and of the ratio within each pair of steps.
 
     python docs/benchmarks/cpu-epyc-1205/few_rows_steps.py [STEPS] [BATCHES] > OUT.json
 """
-import json
 import os
 import sys
 
 from backend.model import LlamaModel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from copy_ab import smollm2_engine, step_pairs  # noqa: E402
+from copy_ab import step_pairs_main  # noqa: E402
 
 MATMULS = LlamaModel._matmuls
 
@@ -27,19 +26,5 @@ def switch(name: str) -> None:
     LlamaModel._matmuls = MATMULS if name == "bound" else forwards
 
 
-def main():
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 400
-    batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1,8").split(",")]
-    eng, out = smollm2_engine()
-    step_pairs(eng, 4, 16, ("bound", "forward"), switch)  # warm-up
-    out["batches"] = {}
-    for b in batches:
-        out["batches"][b] = step_pairs(eng, b, steps, ("bound", "forward"), switch)
-        print(b, out["batches"][b], file=sys.stderr, flush=True)
-    switch("bound")
-    out["load_end"] = os.getloadavg()
-    print(json.dumps(out))
-
-
 if __name__ == "__main__":
-    main()
+    step_pairs_main(("bound", "forward"), switch, "1,8")
