@@ -59,16 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "layers are quantised and the file stores the head (or the tied "
                         "embedding) as Q8_0, else the model dtype (default: %(default)s)")
     p.add_argument("--prefill-dense-weights", default="auto", choices=("auto", "on", "off"),
-                   help="CPU only (no effect on CUDA): quantised layers also keep their "
-                        "weight dense in the model dtype, built once at load from the codes "
-                        "(bf16 copies reordered for oneDNN), for calls of many rows "
-                        "(prefill, larger decode batches), which then skip dequantising per "
-                        "call; batch-1 decode keeps the packed kernels. bf16 dense layers "
-                        "keep a copy reordered for oneDNN that every call uses. auto = on "
-                        "when all copies fit --prefill-dense-max-gib (default: %(default)s)")
+                   help="quantised layers also keep their weight dense in the model dtype, "
+                        "built once at load from the codes (on the CPU bf16 copies reordered "
+                        "for oneDNN), for calls of many rows (prefill, larger decode batches: "
+                        "on CUDA int4 from 64 rows, int8 beyond 128), which then skip "
+                        "dequantising per call; small decode batches keep the packed kernels. "
+                        "On the CPU bf16 dense layers keep a copy reordered for oneDNN that "
+                        "every call uses. auto = on when all copies fit "
+                        "--prefill-dense-max-gib (default: %(default)s)")
     p.add_argument("--prefill-dense-max-gib", type=float, default=PREFILL_DENSE_MAX_GIB,
                    metavar="GiB",
-                   help="memory the CPU's weight copies may take under "
+                   help="memory the weight copies may take under "
                         "--prefill-dense-weights auto (default: %(default)s)")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB",
                    help="KV cache size in GiB (default: sized from free memory)")

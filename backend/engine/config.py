@@ -9,10 +9,11 @@ from pydantic import Field, ValidationInfo, field_validator
 from backend.schema import Schema, check_choice
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4 kernel accepts
-# prefill_dense_weights=auto keeps the CPU's weight copies (dense copies of the quantised
-# layers, oneDNN-reordered copies of bf16 dense layers) when all of them together fit this
-# many GiB (SmolLM2-135M's take 0.2 GiB in bf16, a 1 B int4 model's 2 GiB would not: there
-# the copies would outweigh the codes several times; a 7 B bf16 model's 13 GiB neither)
+# prefill_dense_weights=auto keeps the weight copies (dense copies of the quantised layers;
+# on the CPU also oneDNN-reordered copies of bf16 dense layers) when all of them together fit
+# this many GiB (SmolLM2-135M's take 0.2 GiB in bf16, a 1 B int4 model's 2 GiB would not:
+# there the copies would outweigh the codes several times; a 7 B model's 12-13 GiB neither,
+# so on a GPU they are asked for with "on" or a larger budget)
 PREFILL_DENSE_MAX_GIB = 1.0
 # The default per-step prefill budget (tokens), below the step's whole budget: on the H200
 # sweep (7B, 512-token prompts) it kept TTFT p99 under 200 ms up to 128 streams at the same
@@ -59,9 +60,10 @@ class EngineConfig(Schema):
     # int8 / int4 / fp8 rounded from float weights: per-input-channel scales from a calibration
     # pass, folded into the norms and up rows (backend.weight_scaling); none = plain rounding
     weights_scaling: str = "activation"
-    # CPU only: quantised layers also keep their weight dense in the model dtype, built at
-    # load from the codes, for calls of many rows (prefill), which then skip dequantising
-    # per call; decode keeps the packed kernels. auto = when the copies fit the budget below
+    # Quantised layers also keep their weight dense in the model dtype, built at load from
+    # the codes, for calls of many rows (prefill; on CUDA int4 also decode steps of 64+
+    # rows), which then skip dequantising per call; smaller steps keep the packed kernels.
+    # auto = when the copies fit the budget below
     prefill_dense_weights: str = "auto"
     prefill_dense_max_gib: float = Field(PREFILL_DENSE_MAX_GIB, ge=0)
     kv_cache_memory_gib: float | None = Field(None, gt=0)  # None = sized from free memory

@@ -87,7 +87,7 @@ class ModelRunner:
             self.model.modules(), config.prefill_dense_weights,
             int(config.prefill_dense_max_gib * 2**30))
         if self.prefill_dense.enabled:
-            log.info("CPU weight copies (--prefill-dense-weights): %d layers (%.1f MiB)",
+            log.info("dense weight copies (--prefill-dense-weights): %d layers (%.1f MiB)",
                      self.prefill_dense.layers, self.prefill_dense.bytes / 2**20)
         self.num_blocks = self._num_blocks(cfg)
         self.kv_cache = KVCache(cfg.num_hidden_layers, self.num_blocks, self.block_size,

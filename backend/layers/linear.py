@@ -20,7 +20,9 @@ Kernels (``Linear.kernel`` names the one that runs):
   * CUDA int8/int4: Triton GEMV (one token) and dequantising GEMM (up to ``TRITON_MAX_M``
     tokens, split along K for skinny layers) from ``quant_kernels``, tile shapes per token
     count from its ``CONFIGS``; larger batches (prefill) dequantise to the model dtype and
-    run cuBLAS, where the matmul is compute-bound and the extra weight pass is small.
+    run cuBLAS, where the matmul is compute-bound and the extra weight pass is small. Where
+    ``keep_prefill_dense`` built a dense copy, calls from ``GPU_COPY_MIN_ROWS`` rows on run
+    cuBLAS (or the few-token kernel) on it, as a dense layer would.
   * fp8: ``fp8_matmul.scaled_matmul`` (activations quantised per token, ``torch._scaled_mm``
     on the tensor cores at twice bf16's rate: prefill) at every token count; one token with
     the step ops' fusion runs the GEMV of ``gemv`` over the e4m3 codes instead (weight-only,
@@ -47,6 +49,13 @@ WEIGHT_DTYPES = ("auto", "bf16", "fp16", "fp32", "int8", "int4", "fp8")
 LM_HEAD_DTYPES = ("model", "int8", "int4")
 DENSE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TRITON_MAX_M = 128  # tokens per step up to which the Triton kernels run on CUDA
+# On CUDA, from how many rows a kept dense copy (``keep_prefill_dense``) replaces the codes.
+# int4: the dequantising GEMM matched cuBLAS at 64 tokens per Llama-2-7B block (117.5 against
+# 117.2 us) but the bf16 step, whose few-token kernel runs o, gate|up and down, was 1.3-2 %
+# faster; at 128 tokens it took 204-219 against 124 us; at 16 and 32 it was 5-12 % faster
+# than bf16 (H200, docs/BENCHMARKS.md). int8's tiles beat bf16 through 64 tokens: its copy
+# serves only the calls beyond the Triton range, which otherwise dequantise per call.
+GPU_COPY_MIN_ROWS = {"int4": 64, "int8": TRITON_MAX_M + 1}
 PREFILL_DENSE_MODES = ("auto", "on", "off")
 
 
@@ -123,7 +132,7 @@ def make_linear(fmt: WeightFormat, out_features: int, in_features: int, bias: bo
 
 @dataclass(frozen=True)
 class PrefillDense:
-    """What ``keep_prefill_dense`` decided for a model's CPU layers (``/health``)."""
+    """What ``keep_prefill_dense`` decided for a model's layers (``/health``)."""
     mode: str  # auto | on | off, as asked
     enabled: bool  # the CPU multiplies by kept copies
     layers: int  # layers holding a copy
@@ -138,12 +147,12 @@ class PrefillDense:
 
 def keep_prefill_dense(layers: Iterable[Linear], mode: str, max_bytes: int
                        ) -> PrefillDense:
-    """Give every quantised CPU layer in ``layers`` a dense copy of its weight for calls of
-    ``cpu_dequant.COPY_MIN_ROWS`` rows or more, and every bf16 dense CPU layer a copy
-    reordered for oneDNN for all its calls, or drop the copies: ``on`` keeps them, ``off``
-    drops them, ``auto`` keeps them when all of them together take at most ``max_bytes``.
-    All or none: a model half on copies would still pay the per-call pass (or reorder) in
-    every other layer of each step."""
+    """Give every quantised layer in ``layers`` a dense copy of its weight for calls of
+    many rows (``cpu_dequant.COPY_MIN_ROWS`` on the CPU, ``GPU_COPY_MIN_ROWS`` on CUDA), and
+    every bf16 dense CPU layer a copy reordered for oneDNN for all its calls, or drop the
+    copies: ``on`` keeps them, ``off`` drops them, ``auto`` keeps them when all of them
+    together take at most ``max_bytes``. All or none: a model half on copies would still pay
+    the per-call pass (or reorder) in every other layer of each step."""
     if mode not in PREFILL_DENSE_MODES:
         raise ValueError(f"prefill dense weights must be one of "
                          f"{', '.join(PREFILL_DENSE_MODES)}; got {mode!r}")
@@ -151,7 +160,7 @@ def keep_prefill_dense(layers: Iterable[Linear], mode: str, max_bytes: int
     needed = sum(m.prefill_dense_bytes() for m in quantised)
     budget = max_bytes if mode == "auto" else None
     if needed == 0:
-        keep, reason = False, "no linear layer on the CPU that a copy would serve"
+        keep, reason = False, "no linear layer that a copy would serve"
     elif mode == "auto":
         keep = needed <= max_bytes
         reason = (f"auto: {needed / 2**20:.1f} MiB "
@@ -410,8 +419,10 @@ class _QuantizedLinear(Linear):
         self._filled = torch.zeros(out_features, dtype=torch.bool)
         self._stage: dict[str, torch.Tensor] | None = None
         self.kernel = "unloaded"
-        # The CPU's dense prefill copy (``keep_prefill_dense``), None without one: a buffer
-        # so ``.to`` moves it, not persistent since it is derived from the codes.
+        # The dense copy for many-row calls (``keep_prefill_dense``), None without one: a
+        # buffer so ``.to`` moves it, not persistent since it is derived from the codes. On
+        # the CPU in ``_dense_for_prefill``'s layout (reordered for oneDNN where it can be),
+        # on CUDA the whole weight W [N, K] in the model dtype (``_gpu_dense``).
         self.prefill_weight: torch.Tensor | None
         self.register_buffer("prefill_weight", None, persistent=False)
         # from how many rows a kept copy is used: the block layers' crossover by default; the
@@ -438,8 +449,7 @@ class _QuantizedLinear(Linear):
 
     def prefill_dense_bytes(self) -> int:
         """Bytes a dense prefill copy of this layer takes in the model dtype; 0 where none
-        would be used (not on the CPU, or not loaded, or a layout the CPU path cannot
-        read)."""
+        would be used (not loaded, or a layout the CPU path cannot read)."""
         if not self._dense_copy_possible():
             return 0
         return self.out_features * self.in_features * self.dtype.itemsize
@@ -455,15 +465,37 @@ class _QuantizedLinear(Linear):
             self.prefill_weight.numel() * self.prefill_weight.element_size()
 
     def prefill_kernel(self) -> str:
-        if self.device.type == "cuda":
-            return "dequant+F.linear"  # beyond TRITON_MAX_M tokens: dequantise, cuBLAS
+        if self.device.type == "cuda":  # beyond TRITON_MAX_M tokens: cuBLAS
+            return "dequant+F.linear" if self.prefill_weight is None else "dense-copy+F.linear"
         if self.prefill_weight is not None:
             return "dense-copy+onednn" if self.prefill_weight.is_mkldnn \
                 else "dense-copy+F.linear"
         return "cpu-dequant+F.linear" if self._dense_copy_possible() else self.kernel
 
     def _dense_copy_possible(self) -> bool:
-        return self._packed_on_cpu()
+        return self._packed_on_cpu() or (self.device.type == "cuda" and self.kernel != "unloaded")
+
+    copy_kind = "none"  # ``GPU_COPY_MIN_ROWS``' key
+
+    def _gpu_copy(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The kept copy where this CUDA call multiplies by it (enough rows, the activations'
+        dtype), else None."""
+        w = self.prefill_weight
+        if w is None or w.dtype != x.dtype or x.shape[0] < GPU_COPY_MIN_ROWS[self.copy_kind]:
+            return None
+        return w
+
+    def few_tokens(self, x: torch.Tensor) -> torch.Tensor | None:
+        # a CUDA step of many rows on the kept copy, through the few-token kernel where it
+        # has a tile for the shape, as the dense layer's step would run
+        w = self._gpu_copy(x) if self.device.type == "cuda" else None
+        if w is None or not skinny_gemm.runs(x, w):
+            return None
+        return skinny_gemm.skinny_gemm(x.contiguous(), w, self.bias)
+
+    def _gpu_dense(self) -> torch.Tensor:
+        """The weight W [N, K] in the model dtype, dequantised on the GPU."""
+        raise NotImplementedError
 
     def _through_copy(self, x: torch.Tensor, kind: str) -> bool:
         """Whether this CPU call multiplies by the kept dense copy: enough rows
@@ -487,8 +519,10 @@ class _QuantizedLinear(Linear):
         raise NotImplementedError
 
     def _build_copy(self) -> torch.Tensor:
-        """The kept copy: in bf16 reordered once for oneDNN (``cpu_dequant.onednn_weight``),
-        else as ``_dense_for_prefill`` gives it."""
+        """The kept copy: on CUDA the weight itself; on the CPU in bf16 reordered once for
+        oneDNN (``cpu_dequant.onednn_weight``), else as ``_dense_for_prefill`` gives it."""
+        if self.device.type == "cuda":
+            return self._gpu_dense()
         return self._reordered(self._dense_for_prefill())
 
     def _reordered(self, w: torch.Tensor) -> torch.Tensor:
@@ -562,8 +596,13 @@ class Int8Linear(_QuantizedLinear):
     def dequantized(self) -> torch.Tensor:
         return dequantize_int8(self.q, self.scale)
 
+    copy_kind = "int8"
+
     def _dense_for_prefill(self) -> torch.Tensor:
         return cpu_dequant.int8_dense(self.q, self.dtype)  # [N, K]; the scale stays apart
+
+    def _gpu_dense(self) -> torch.Tensor:
+        return gpu_dequant.int8_dense(self.q, self.scale, self.dtype)
 
     def copy_matmul(self, x: torch.Tensor) -> torch.Tensor:
         return self._copy_mm(x) * self.scale  # int8_matmul minus its conversion
@@ -576,6 +615,8 @@ class Int8Linear(_QuantizedLinear):
                 y = torch._weight_int8pack_mm(x, self.q, self.scale)
             else:
                 y = cpu_dequant.int8_matmul(x, self.q, self.scale)
+        elif (w := self._gpu_copy(x)) is not None:
+            return F.linear(x, w, self.bias)
         elif quant_kernels.AVAILABLE and x.shape[0] <= TRITON_MAX_M:
             y = quant_kernels.int8_matmul(x, self.q, self.scale)
         else:
@@ -650,9 +691,14 @@ class Int4Linear(_QuantizedLinear):
             self.kernel = "triton-int4" if self.triton else "dequant+F.linear"
 
     def _dense_copy_possible(self) -> bool:
-        return super()._dense_copy_possible() and self.dense_from_packed
+        return super()._dense_copy_possible() and (self.device.type == "cuda"
+                                                   or self.dense_from_packed)
 
     copy_is_nk = False
+    copy_kind = "int4"
+
+    def _gpu_dense(self) -> torch.Tensor:
+        return gpu_dequant.int4_dense(self.packed, self.scale_min, self.group_size)
 
     def _dense_for_prefill(self) -> torch.Tensor:
         return cpu_dequant.int4_dense_t(self.packed, self.scale_zero, self.group_size,
@@ -686,6 +732,8 @@ class Int4Linear(_QuantizedLinear):
                 y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)
             else:
                 y = cpu_dequant.int4_matmul(x, self.packed, self.scale_zero, G)
+        elif (w := self._gpu_copy(x)) is not None:
+            return F.linear(x, w, self.bias)
         elif self.triton and x.shape[0] <= TRITON_MAX_M:
             y = quant_kernels.int4_matmul(x, self.packed, self.scale_min, G)
         else:
