@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quantised layers also keep their weight dense in the model dtype, "
                         "built once at load from the codes (on the CPU bf16 copies reordered "
                         "for oneDNN), for calls of many rows (prefill, larger decode batches: "
-                        "on CUDA int4 from 64 rows, int8 beyond 128), which then skip "
+                        "on CUDA more than 64 rows), which then skip "
                         "dequantising per call; small decode batches keep the packed kernels. "
                         "On the CPU bf16 dense layers keep a copy reordered for oneDNN that "
                         "every call uses. auto = on when all copies fit "

@@ -61,7 +61,7 @@ class EngineConfig(Schema):
     # pass, folded into the norms and up rows (backend.weight_scaling); none = plain rounding
     weights_scaling: str = "activation"
     # Quantised layers also keep their weight dense in the model dtype, built at load from
-    # the codes, for calls of many rows (prefill; on CUDA int4 also decode steps of 64+
+    # the codes, for calls of many rows (prefill; on CUDA also decode steps of more than 64
     # rows), which then skip dequantising per call; smaller steps keep the packed kernels.
     # auto = when the copies fit the budget below
     prefill_dense_weights: str = "auto"

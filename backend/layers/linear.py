@@ -49,13 +49,12 @@ WEIGHT_DTYPES = ("auto", "bf16", "fp16", "fp32", "int8", "int4", "fp8")
 LM_HEAD_DTYPES = ("model", "int8", "int4")
 DENSE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TRITON_MAX_M = 128  # tokens per step up to which the Triton kernels run on CUDA
-# On CUDA, from how many rows a kept dense copy (``keep_prefill_dense``) replaces the codes.
-# int4: the dequantising GEMM matched cuBLAS at 64 tokens per Llama-2-7B block (117.5 against
-# 117.2 us) but the bf16 step, whose few-token kernel runs o, gate|up and down, was 1.3-2 %
-# faster; at 128 tokens it took 204-219 against 124 us; at 16 and 32 it was 5-12 % faster
-# than bf16 (H200, docs/BENCHMARKS.md). int8's tiles beat bf16 through 64 tokens: its copy
-# serves only the calls beyond the Triton range, which otherwise dequantise per call.
-GPU_COPY_MIN_ROWS = {"int4": 64, "int8": TRITON_MAX_M + 1}
+# On CUDA, from how many rows a kept dense copy (``keep_prefill_dense``) replaces the codes:
+# past the 64-row tiles. Llama-2-7B, decode steps at 512-token contexts (H100, 2026-12-05,
+# docs/BENCHMARKS.md "Dense copies on CUDA"): at batch 64 the int4 codes took 11.5 ms, the
+# copies 12.2-12.6, bf16 12.9-13.1 (on an H200 int4 was 1.3-2 % slower than bf16 there); at
+# batch 128 the copies 19.2 ms, the int4 codes 21.1-21.3, int8's 20.7, bf16 19.5-20.3.
+GPU_COPY_MIN_ROWS = {"int4": 65, "int8": 65}
 PREFILL_DENSE_MODES = ("auto", "on", "off")
 
 

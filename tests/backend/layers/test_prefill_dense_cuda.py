@@ -100,7 +100,7 @@ def test_beyond_the_triton_range_the_copy_changes_no_bits(kind, group):
 def test_a_reload_rebuilds_the_copy():
     layer = _layer("int4", 128, 768, 512, seed=4)
     layer.keep_prefill_dense(True)
-    x = _x(64, 512)
+    x = _x(GPU_COPY_MIN_ROWS["int4"], 512)
     old = layer(x)
     LinearRows(layer).load(torch.randn(768, 512, generator=torch.Generator().manual_seed(9)))
     new = layer(x)

@@ -1,4 +1,4 @@
-# The CUDA tests of the dense copies, then drive.py (bf16 / int4 g128 without and with copies,
+# First call (H100, copies from 64 rows): the CUDA tests of the dense copies, then drive.py (bf16 / int4 g128 without and with copies,
 # alternating; then int4 with copies and an int8 head, and int8 without and with copies).
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
