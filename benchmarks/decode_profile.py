@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--weights-dtype", default="auto", help="as the backend's flag")
     p.add_argument("--int4-group-size", type=int, default=32)
+    p.add_argument("--lm-head-dtype", default="auto", help="as the backend's flag")
+    p.add_argument("--prefill-dense-weights", default="auto", help="as the backend's flag")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--warmup", type=int, default=10, help="decode steps before measuring")
@@ -168,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             update={"num_hidden_layers": a.num_layers}))
     last = _LastStep()
     config = EngineConfig(device=a.device, dtype=a.dtype, weights_dtype=a.weights_dtype,
-                          int4_group_size=a.int4_group_size, max_num_seqs=max(a.batch),
+                          int4_group_size=a.int4_group_size, lm_head_dtype=a.lm_head_dtype,
+                          prefill_dense_weights=a.prefill_dense_weights,
+                          max_num_seqs=max(a.batch),
                           max_num_batched_tokens=max(2048, a.prompt_tokens),
                           kv_cache_memory_gib=a.kv_cache_memory, cuda_graph=a.cuda_graph,
                           async_scheduling=a.async_scheduling, max_model_len=a.max_model_len)
@@ -180,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for batch in a.batch:
         r = profile_batch(engine, last, batch, a, source.config.vocab_size, gpm)
-        r["weights"] = engine.stats().weights_format
+        st = engine.stats()
+        r["weights"], r["lm_head"] = st.weights_format, st.lm_head_format
+        r["dense_copies"] = st.prefill_dense_weights.get("enabled", False)
         if a.steps == 0:
             print(json.dumps(r), flush=True)
             continue
