@@ -51,9 +51,10 @@ DENSE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 TRITON_MAX_M = 128  # tokens per step up to which the Triton kernels run on CUDA
 # On CUDA, from how many rows a kept dense copy (``keep_prefill_dense``) replaces the codes:
 # past the 64-row tiles. Llama-2-7B, decode steps at 512-token contexts (H100, 2026-12-05,
-# docs/BENCHMARKS.md "Dense copies on CUDA"): at batch 64 the int4 codes took 11.5 ms, the
-# copies 12.2-12.6, bf16 12.9-13.1 (on an H200 int4 was 1.3-2 % slower than bf16 there); at
-# batch 128 the copies 19.2 ms, the int4 codes 21.1-21.3, int8's 20.7, bf16 19.5-20.3.
+# docs/BENCHMARKS.md "Dense copies of quantised layers on CUDA"): at batch 64 the int4 codes
+# took 11.5 ms, the copies 12.2-12.6, bf16 12.9-13.1 (on an H200 int4 was 1.3-2 % slower
+# than bf16 there); at batch 128 the copies 19.2 ms, the int4 codes 21.1-21.3, int8's 20.7,
+# bf16 19.5-20.3.
 GPU_COPY_MIN_ROWS = {"int4": 65, "int8": 65}
 PREFILL_DENSE_MODES = ("auto", "on", "off")
 
@@ -133,7 +134,7 @@ def make_linear(fmt: WeightFormat, out_features: int, in_features: int, bias: bo
 class PrefillDense:
     """What ``keep_prefill_dense`` decided for a model's layers (``/health``)."""
     mode: str  # auto | on | off, as asked
-    enabled: bool  # the CPU multiplies by kept copies
+    enabled: bool  # the layers multiply by kept copies
     layers: int  # layers holding a copy
     bytes: int  # memory the copies hold
     needed_bytes: int  # what copies of every layer that can use one take (or would)
