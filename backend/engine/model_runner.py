@@ -89,6 +89,9 @@ class ModelRunner:
         if self.prefill_dense.enabled:
             log.info("dense weight copies (--prefill-dense-weights): %d layers (%.1f MiB)",
                      self.prefill_dense.layers, self.prefill_dense.bytes / 2**20)
+        elif self.prefill_dense.needed_bytes:
+            log.info("no dense weight copies: %s (--prefill-dense-weights on keeps them)",
+                     self.prefill_dense.reason)
         self.num_blocks = self._num_blocks(cfg)
         self.kv_cache = KVCache(cfg.num_hidden_layers, self.num_blocks, self.block_size,
                                 cfg.num_key_value_heads, cfg.head_dim, self.dtype,
