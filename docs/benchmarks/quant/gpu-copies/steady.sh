@@ -3,7 +3,7 @@
 # (max-model-len 640, KV 42 GiB: on an 80 GB H100 70 GiB of KV left no room for the copies).
 #   first call:  bf16:bf16:off:model int4:int4:off:model int4-copies:int4:on:model
 #                int4-copies-int8head:int4:on:int8 bf16-2:bf16:off:model
-#   second call: the same with int4-2:int4:off:model before bf16-2
+#   second call: the same with int4-2:int4:off:model before bf16-2; third: the first list
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD
