@@ -1,14 +1,9 @@
 """Ad hoc: one decode query's attention (SmolLM2's 9 heads on 3 KV heads) after the gather:
 SDPA against matmul + softmax in bf16 and in fp32, warm caches; then SDPA on 1 and 2 threads."""
-import time, torch
+import torch
 import torch.nn.functional as F
+from timing import bench
 torch.manual_seed(0)
-def bench(fn, n=400):
-    for _ in range(20): fn()
-    ts=[]
-    for _ in range(n):
-        t=time.perf_counter(); fn(); ts.append(time.perf_counter()-t)
-    ts.sort(); return ts[len(ts)//2]*1e6
 for C in (64, 128, 270, 600):
     data = torch.randn(2000, 2, 3, 64, dtype=torch.bfloat16)
     idx = torch.randperm(2000)[:C].sort().values.view(1, C)

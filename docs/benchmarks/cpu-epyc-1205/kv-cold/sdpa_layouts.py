@@ -1,14 +1,9 @@
 """Ad hoc: SDPA for one decode query of SmolLM2 (9 query heads on 3 KV heads, 64 dims) in
 the engine's layout (q [1, 3, 3, 64]) against enable_gqa (q [1, 9, 1, 64]) and the math
 backend, strided and contiguous K/V, warm caches."""
-import time, torch
+import torch
 import torch.nn.functional as F
-def bench(fn, n=400):
-    for _ in range(20): fn()
-    ts=[]
-    for _ in range(n):
-        t=time.perf_counter(); fn(); ts.append(time.perf_counter()-t)
-    ts.sort(); return ts[len(ts)//2]*1e6
+from timing import bench
 for C in (128, 270, 600):
     data = torch.randn(2000, 2, 3, 64, dtype=torch.bfloat16)
     idx = torch.randperm(2000)[:C].sort().values
