@@ -272,6 +272,15 @@ def matmul(linear: Linear, x: torch.Tensor, prologue: Prologue, ops: StepOps
     return (linear(x) if y is None else y), residual
 
 
+def _few_tokens_dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                      ) -> torch.Tensor | None:
+    """x [M, K] @ weight [N, K].T (+ bias) through the few-token kernel, or None where it has
+    no tile for the shape (``DenseLinear.few_tokens``, and a quantised layer's kept copy)."""
+    if not skinny_gemm.runs(x, weight):
+        return None
+    return skinny_gemm.skinny_gemm(x.contiguous(), weight, bias)
+
+
 class LinearRows:
     """A block of rows of a layer's weight (all of them by default): a load destination."""
 
@@ -401,9 +410,7 @@ class DenseLinear(Linear):
             else self.kernel
 
     def few_tokens(self, x: torch.Tensor) -> torch.Tensor | None:
-        if not skinny_gemm.runs(x, self.weight):
-            return None
-        return skinny_gemm.skinny_gemm(x.contiguous(), self.weight, self.bias)
+        return _few_tokens_dense(x, self.weight, self.bias)
 
     def _gemv_runs(self, dtype: torch.dtype, device: torch.device) -> bool:
         return self.weight.dtype == dtype and gemv.runs_on(device)
@@ -478,20 +485,18 @@ class _QuantizedLinear(Linear):
     copy_kind = "none"  # ``GPU_COPY_MIN_ROWS``' key
 
     def _gpu_copy(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The kept copy where this CUDA call multiplies by it (enough rows, the activations'
-        dtype), else None."""
+        """The kept copy where this call multiplies by it on CUDA (enough rows, the
+        activations' dtype), else None."""
         w = self.prefill_weight
-        if w is None or w.dtype != x.dtype or x.shape[0] < GPU_COPY_MIN_ROWS[self.copy_kind]:
+        if (w is None or self.device.type != "cuda" or w.dtype != x.dtype
+                or x.shape[0] < GPU_COPY_MIN_ROWS[self.copy_kind]):
             return None
         return w
 
     def few_tokens(self, x: torch.Tensor) -> torch.Tensor | None:
-        # a CUDA step of many rows on the kept copy, through the few-token kernel where it
-        # has a tile for the shape, as the dense layer's step would run
-        w = self._gpu_copy(x) if self.device.type == "cuda" else None
-        if w is None or not skinny_gemm.runs(x, w):
-            return None
-        return skinny_gemm.skinny_gemm(x.contiguous(), w, self.bias)
+        # a CUDA step of many rows on the kept copy, as the dense layer's step would run
+        w = self._gpu_copy(x)
+        return None if w is None else _few_tokens_dense(x, w, self.bias)
 
     def _gpu_dense(self) -> torch.Tensor:
         """The weight W [N, K] in the model dtype, dequantised on the GPU."""
