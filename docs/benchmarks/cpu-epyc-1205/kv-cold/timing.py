@@ -1,14 +1,9 @@
-"""The median of a call's wall time in us, after a warm-up (shared by the attention scripts)."""
-import time
+"""The median of a call's wall time in us after 20 warm-up calls (shared by the attention
+scripts; the timing itself is ``benchmarks.quant``'s)."""
+from benchmarks.quant import _cpu_time_us
 
 
 def bench(fn, n=400):
-    for _ in range(20):
+    for _ in range(19):  # _cpu_time_us makes the twentieth
         fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    ts.sort()
-    return ts[len(ts) // 2] * 1e6
+    return _cpu_time_us(fn, n)
