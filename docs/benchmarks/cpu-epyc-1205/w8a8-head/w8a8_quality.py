@@ -3,37 +3,18 @@ fbgemm's dynamic linear (x quantised per row, as a decode step's one row; then p
 64 / 96 / 192 inputs, one call each) against the weight-only int8 head, on the head's inputs
 at every position of three shipped texts (1,024 tokens each); the head timed hot.
 
-    PYTHONPATH=. python w8a8_quality.py"""
-import math, time, torch, torch.nn.functional as F
-from backend.engine.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
+    PYTHONPATH=.:docs/benchmarks/cpu-epyc-1205/w8a8-head python docs/benchmarks/cpu-epyc-1205/w8a8-head/w8a8_quality.py"""
+import math
+import torch
+import torch.nn.functional as F
 from backend.engine.kv_quality import EVAL_TEXT
-from backend.weights.loader import load_model_source
-src = load_model_source("smollm2-135m-instruct")
-e = LLMEngine(EngineConfig(device="cpu"), src)
-model = e.runner.model
-head = model.lm_head
-print(type(head).__name__, head.kernel, head.q.shape, head.scale.dtype)
-captured = []
-orig = type(head).forward
-def grab(self, x):
-    if self is head:
-        captured.append(x.detach().clone())
-    return orig(self, x)
-type(head).forward = grab
-from pathlib import Path
-texts = [Path(EVAL_TEXT).read_text(), open("README.md").read(), open("docs/ARCHITECTURE.md").read()]
-toks = []
-for t in texts:
-    ids = src.tokenizer.encode(t)[:1024]
-    e.score(ids); toks.append(ids)
-type(head).forward = orig
+from common import head_inputs, median_ms as t
+head, captured, toks = head_inputs([EVAL_TEXT, "README.md", "docs/ARCHITECTURE.md"])
 N = head.q.shape[0]
 wq = torch._make_per_channel_quantized_tensor(head.q, head.scale.double(), torch.zeros(N, dtype=torch.long), 0)
 packed = {rr: torch.ops.quantized.linear_prepack(wq, None) for rr in (False,)}
 res = {}
 for ti, (h, ids) in enumerate(zip(captured, toks)):
-    h = h[: len(ids)]
     target = torch.tensor(ids[1:])
     ref = torch._weight_int8pack_mm(h, head.q, head.scale).float()  # weight-only, rows at once
     ref1 = torch.cat([torch._weight_int8pack_mm(h[i:i+1], head.q, head.scale) for i in range(h.shape[0])]).float()
@@ -50,12 +31,6 @@ for ti, (h, ids) in enumerate(zip(captured, toks)):
 for k, v in res.items():
     print(k, [{kk: round(vv, 5) for kk, vv in d.items()} for d in v])
 x = captured[0][5:6]
-def t(fn, n=200):
-    for _ in range(10): fn()
-    ts = []
-    for _ in range(n):
-        a = time.perf_counter(); fn(); ts.append(time.perf_counter() - a)
-    ts.sort(); return ts[n // 2] * 1e3
 print("head ms: w8 %.3f  w8a8 %.3f" % (t(lambda: torch._weight_int8pack_mm(x, head.q, head.scale)), t(lambda: torch.ops.quantized.linear_dynamic(x.float(), packed[False], False))))
 for B in (64, 96, 192):
     nb = 576 // B
@@ -68,7 +43,6 @@ for B in (64, 96, 192):
         return y
     r = []
     for h, ids in zip(captured, toks):
-        h = h[: len(ids)]
         target = torch.tensor(ids[1:])
         ref1 = torch.cat([torch._weight_int8pack_mm(h[i:i+1], head.q, head.scale) for i in range(h.shape[0])]).float()
         full = (h.float() @ (head.q.float() * head.scale.float()[:, None]).T)

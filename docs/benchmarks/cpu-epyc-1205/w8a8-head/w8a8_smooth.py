@@ -2,40 +2,21 @@
 max|W|^(1-a) (x from backend/data/calibration.txt) folded into the head before its int8
 re-quantisation, scored on the three other texts.
 
-    PYTHONPATH=. python w8a8_smooth.py"""
-import math, time, torch, torch.nn.functional as F
-from pathlib import Path
-from backend.engine.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
+    PYTHONPATH=.:docs/benchmarks/cpu-epyc-1205/w8a8-head python docs/benchmarks/cpu-epyc-1205/w8a8-head/w8a8_smooth.py"""
+import math
+import torch
+import torch.nn.functional as F
 from backend.engine.kv_quality import EVAL_TEXT
 from backend.layers.quantize import quantize_int8
-from backend.weights.loader import load_model_source
-src = load_model_source("smollm2-135m-instruct")
-e = LLMEngine(EngineConfig(device="cpu"), src)
-head = e.runner.model.lm_head
-captured = []
-orig = type(head).forward
-def grab(self, x):
-    if self is head: captured.append(x.detach().clone())
-    return orig(self, x)
-type(head).forward = grab
+from common import head_inputs, median_ms as t
 names = ["calibration", "kv_eval", "README", "ARCH"]
-texts = [Path("backend/data/calibration.txt").read_text(), Path(EVAL_TEXT).read_text(), Path("README.md").read_text(), Path("docs/ARCHITECTURE.md").read_text()]
-toks = []
-for t in texts:
-    ids = src.tokenizer.encode(t)[:1024]; e.score(ids); toks.append(ids)
-type(head).forward = orig
+head, captured, toks = head_inputs(["backend/data/calibration.txt", EVAL_TEXT, "README.md",
+                                    "docs/ARCHITECTURE.md"])
 N, K = head.q.shape
 W = head.q.float() * head.scale.float()[:, None]   # the int8 head's own weights
 xmax = captured[0].float().abs().amax(0).clamp(min=1e-5)
 wmax = W.abs().amax(0).clamp(min=1e-5)
 print("x absmax: max %.2f median %.3f" % (xmax.max(), xmax.median()))
-def t(fn, n=200):
-    for _ in range(10): fn()
-    ts = []
-    for _ in range(n):
-        a = time.perf_counter(); fn(); ts.append(time.perf_counter() - a)
-    ts.sort(); return ts[n // 2] * 1e3
 for alpha in (0.0, 0.5, 0.65, 0.8):
     s = (xmax ** alpha / wmax ** (1 - alpha)) if alpha > 0 else torch.ones(K)
     q, sc = quantize_int8(W * s[None, :], torch.float32)
@@ -44,7 +25,7 @@ for alpha in (0.0, 0.5, 0.65, 0.8):
     inv = (1.0 / s)
     res = []
     for name, h, ids in list(zip(names, captured, toks))[1:]:
-        h = h[: len(ids)].float(); target = torch.tensor(ids[1:])
+        h = h.float(); target = torch.tensor(ids[1:])
         full = h @ W.T
         w8 = torch.cat([torch._weight_int8pack_mm(h[i:i+1].to(head.q.dtype if False else torch.bfloat16), head.q, head.scale) for i in range(h.shape[0])]).float()
         lg = torch.cat([torch.ops.quantized.linear_dynamic(h[i:i+1] * inv, pk, False) for i in range(h.shape[0])])
