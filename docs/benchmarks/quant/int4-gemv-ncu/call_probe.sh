@@ -1,7 +1,7 @@
 # bash call_probe.sh regs|tiled: a probe of the int4 g128 one-token GEMV with its patch
 # applied to the tree first. regs: launch variants with a register cap (regs_probe.py;
 # maxnreg.patch passes Triton's maxnreg through; run 2026-12-05 19:36 UTC). tiled: the
-# codes read tile-major against row-major (tiled_probe.py, tiled.patch; prepared, not run).
+# codes read tile-major against row-major (tiled_probe.py, tiled.patch; run 2026-12-05 21:41 UTC).
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD
