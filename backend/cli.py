@@ -71,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="GiB",
                    help="memory the weight copies may take under "
                         "--prefill-dense-weights auto (default: %(default)s)")
+    p.add_argument("--cpu-aot-kernels", default="auto", choices=("auto", "build", "off"),
+                   help="the CPU's int8 LM head at one row (batch-1 decode) through a GEMV "
+                        "compiled ahead of time for its shape, kept in the weights cache: "
+                        "auto = where one was built (`make model` builds the embedded "
+                        "model's; `python -m backend.engine.build_kernels --model NAME` any "
+                        "model's), build = compile a missing one at start (5-25 s, once per "
+                        "machine; needs a C++ compiler), off = torch's kernel "
+                        "(default: %(default)s)")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB",
                    help="KV cache size in GiB (default: sized from free memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -123,7 +131,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         weights_dtype=args.weights_dtype, int4_group_size=args.int4_group_size,
         lm_head_dtype=args.lm_head_dtype, weights_scaling=args.weights_scaling,
         prefill_dense_weights=args.prefill_dense_weights,
-        prefill_dense_max_gib=args.prefill_dense_max_gib,
+        prefill_dense_max_gib=args.prefill_dense_max_gib, cpu_aot_kernels=args.cpu_aot_kernels,
         kv_cache_memory_gib=args.kv_cache_memory, block_size=args.block_size,
         cuda_graph=args.cuda_graph, cuda_graph_max_tokens=args.cuda_graph_max_tokens,
         nvtx=args.nvtx, nvtx_prefix=args.nvtx_prefix,

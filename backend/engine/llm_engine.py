@@ -292,6 +292,8 @@ class LLMEngine:
                            self.runner.attention_kernel,
                            str(self.runner.dtype).removeprefix("torch."),
                            *self.runner.weights_info(),
+                           lm_head_kernel=self.runner.lm_head_kernel(),
+                           cpu_aot_kernels=self.runner.aot_kernels.as_dict(),
                            prefill_dense_weights=self.runner.prefill_dense.as_dict(),
                            weights_scaling=self.runner.weights_scaling.as_dict(),
                            compile=self.runner.compile_info.as_dict(),

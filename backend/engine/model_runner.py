@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from backend.engine.aot_kernels import AotKernels
+from backend.engine.aot_kernels import attach as attach_aot_kernels
 from backend.engine.config import EngineConfig
 from backend.engine.cuda_graph import StepGraphs
 from backend.engine.kernels import probe_attention_kernel, resolve_attention
@@ -92,6 +94,7 @@ class ModelRunner:
         elif self.prefill_dense.needed_bytes:
             log.info("no dense weight copies: %s (--prefill-dense-weights on keeps them)",
                      self.prefill_dense.reason)
+        self.aot_kernels: AotKernels = attach_aot_kernels(self.model, config.cpu_aot_kernels)
         self.num_blocks = self._num_blocks(cfg)
         self.kv_cache = KVCache(cfg.num_hidden_layers, self.num_blocks, self.block_size,
                                 cfg.num_key_value_heads, cfg.head_dim, self.dtype,
@@ -196,6 +199,10 @@ class ModelRunner:
         return (m.weight_format.describe(self.dtype), qkv.kernel,
                 m.lm_head_format.describe(self.dtype),
                 qkv.one_token_kernel(m.ops.fuse_one_token), qkv.prefill_kernel())
+
+    def lm_head_kernel(self) -> str:
+        """The kernel of the LM head's one-row calls (a batch-1 decode step's head)."""
+        return self.model.lm_head.one_token_kernel(self.model.ops.fuse_one_token)
 
     def _num_blocks(self, cfg) -> int:
         per_block = bytes_per_block(cfg.num_hidden_layers, self.block_size,

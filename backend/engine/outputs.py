@@ -45,6 +45,10 @@ class EngineStats:
     one_token_kernel: str = ""
     # the matmul of calls with many rows (prefill), e.g. "dense-copy+F.linear"
     prefill_kernel: str = ""
+    # the LM head's matmul at one row, e.g. "aot-inductor-int8-gemv"
+    lm_head_kernel: str = ""
+    # the CPU kernels compiled ahead of time (AotKernels.as_dict())
+    cpu_aot_kernels: dict = field(default_factory=dict)
     # the CPU's dense prefill copies of quantised layers (PrefillDense.as_dict())
     prefill_dense_weights: dict = field(default_factory=dict)
     weights_scaling: dict = field(default_factory=dict)

@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.layers import (cpu_dequant, cpu_fp16, fp8_matmul, gemv, gpu_dequant, quant_kernels,
-                            skinny_gemm)
+from backend.layers import (cpu_aot, cpu_dequant, cpu_fp16, fp8_matmul, gemv, gpu_dequant,
+                            quant_kernels, skinny_gemm)
 from backend.layers.fused_ops import StepOps
 from backend.layers.gemv import SILU_MUL, Prologue
 from backend.layers.quantize import (GroupQuantized, check_group, dequantize_fp8, dequantize_int8,
@@ -57,6 +57,7 @@ TRITON_MAX_M = 128  # tokens per step up to which the Triton kernels run on CUDA
 # bf16 19.5-20.3.
 GPU_COPY_MIN_ROWS = {"int4": 65, "int8": 65}
 PREFILL_DENSE_MODES = ("auto", "on", "off")
+ONE_ROW_AOT_KERNEL = "aot-inductor-int8-gemv"  # ``Int8Linear.one_row``'s name in /health
 
 
 @dataclass(frozen=True)
@@ -576,6 +577,9 @@ class _QuantizedLinear(Linear):
 
 class Int8Linear(_QuantizedLinear):
     """Symmetric int8, one scale per output row: W = q * scale[:, None]."""
+    # On the CPU, one-row calls through a GEMV compiled ahead of time for this shape, where
+    # the engine loaded one (``backend.engine.aot_kernels``: the LM head's)
+    one_row: cpu_aot.OneRowInt8 | None = None
 
     def _new_stage(self) -> dict[str, torch.Tensor]:
         N, K, dev = self.out_features, self.in_features, self.device
@@ -614,7 +618,9 @@ class Int8Linear(_QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         if self.device.type == "cpu":
-            if self._through_copy(x, "int8"):
+            if (one_row := self.one_row) is not None and one_row.accepts(x):
+                y = one_row(x, self.q, self.scale)
+            elif self._through_copy(x, "int8"):
                 y = self.copy_matmul(x)
             elif x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int8"]:
                 y = torch._weight_int8pack_mm(x, self.q, self.scale)
@@ -644,6 +650,8 @@ class Int8Linear(_QuantizedLinear):
     def one_token_kernel(self, fused: bool) -> str:
         if fused and self.device.type == "cuda" and self.weight_shape in quant_kernels.INT8_FUSED:
             return "triton-int8-fused"
+        if self.one_row is not None and self.device.type == "cpu":
+            return ONE_ROW_AOT_KERNEL
         return self.kernel
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -47,6 +48,9 @@ def test_flags_map_onto_engine_and_server_config():
         "--prefill-dense-weights", "off", "--prefill-dense-max-gib", "0.25"]))
     assert (p.engine.prefill_dense_weights, p.engine.prefill_dense_max_gib) == ("off", 0.25)
     assert d.engine.weights_scaling == "activation"
+    assert d.engine.cpu_aot_kernels == "auto"
+    assert config_from_args(build_parser().parse_args(
+        ["--cpu-aot-kernels", "build"])).engine.cpu_aot_kernels == "build"
     assert config_from_args(build_parser().parse_args(
         ["--weights-scaling", "none"])).engine.weights_scaling == "none"
 
@@ -70,13 +74,14 @@ def test_server_config_rejects_unknown_keys():
         ServerConfig.from_dict({"engine": {"kv_cache_gib": 1}})
 
 
-def test_cli_serves_and_stops_on_sigterm():
+def test_cli_serves_and_stops_on_sigterm(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "backend", "--model", "synthetic:tiny",
                              "--port", "0", "--max-model-len", "128", "--log-level", "WARNING",
                              "--weights-dtype", "int4", "--lm-head-dtype", "int8",
                              "--async-scheduling", "--max-prefill-tokens", "64",
                              "--prefill-priority"],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, FIRSTTOKEN_CACHE=str(tmp_path)))
     watchdog = threading.Timer(120, proc.kill)  # bounds the blocking readline below
     watchdog.start()
     try:
@@ -93,6 +98,11 @@ def test_cli_serves_and_stops_on_sigterm():
             "int4-g32", "torch._weight_int4pack_mm_for_cpu", "int8")
         # the CPU runs eager step ops: one-token steps use the same packed kernel
         assert health["one_token_kernel"] == "torch._weight_int4pack_mm_for_cpu"
+        # an empty weights cache holds no compiled head GEMV: torch's kernel, and how to build
+        assert health["lm_head_kernel"] == "torch._weight_int8pack_mm"
+        aot = health["cpu_aot_kernels"]
+        assert (aot["mode"], aot["lm_head"], aot["path"]) == ("auto", "not built", None)
+        assert "python -m backend.engine.build_kernels" in aot["reason"]
         # prefill multiplies by dense copies: the default auto, a tiny model within 1 GiB
         assert health["prefill_kernel"] == copy_kernel(health["dtype"])
         dense = health["prefill_dense_weights"]

@@ -9,6 +9,8 @@ import httpx
 import openai
 import pytest
 
+from backend.layers.linear import ONE_ROW_AOT_KERNEL
+
 from .conftest import real_server
 from .test_server_fake import BAD, TIMING_KEYS, _post, _scrape
 
@@ -51,6 +53,20 @@ def test_sync_non_stream_says_berlin(smollm2):
         count = http.post(f"{smollm2.base_url}/tokenize", json={"messages": QUESTION}).json()
     assert count["count"] == u.prompt_tokens == len(count["tokens"])
     _sane(resp.model_extra["firsttoken_timings"], u)
+
+
+def test_the_embedded_models_int8_head_runs_the_gemv_make_model_built(smollm2):
+    """`make model` compiles the int8 LM head's one-row GEMV for this machine; the server on
+    the embedded model loads it (the answers above come through it)."""
+    with httpx.Client(timeout=60) as http:
+        health = http.get(f"{smollm2.base_url}/health").json()
+    aot = health["cpu_aot_kernels"]
+    if health["lm_head_dtype"] != "int8":  # a CPU where auto keeps a dense head
+        assert aot["lm_head"] == "not used"
+        return
+    assert aot["lm_head"] == "loaded", f"{aot}: `make model` builds it"
+    assert health["lm_head_kernel"] == ONE_ROW_AOT_KERNEL
+    assert aot["path"].endswith(".pt2") and aot["mode"] == "auto"
 
 
 def test_sync_stream_chunks_and_usage(smollm2):

@@ -1,0 +1,130 @@
+"""CPU kernels compiled ahead of time (torch.export + AOTInductor into a ``.pt2`` package):
+the one-row int8 weight-only GEMV of a large layer (the LM head at batch 1).
+
+torch's ``_weight_int8pack_mm`` runs a wide int8 layer's single row compute-bound (SmolLM2's
+49,152 x 576 head at ~15 GMAC/s on two cores); the code inductor generates for the plain
+expression in ``Int8Gemv`` (widen, multiply, sum in fp32, scale) streams the same bytes in
+about two thirds of the time. Generating it needs a C++ compiler and 5-25 s, so it is done
+once per machine and the package kept (~1.5 MB, weights not included: they are inputs);
+loading one takes a few ms. The package is specific to its shapes and dtypes, to the torch
+build and to the CPU it was compiled on, all of which its file name carries.
+"""
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import os
+import platform
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# The dtypes the compiled GEMV takes x (and the scales) in: the CPU's model dtypes.
+DTYPES = (torch.bfloat16, torch.float32, torch.float16)
+
+
+class Int8Gemv(nn.Module):
+    """x [1, K] @ (q [N, K] int8 * scale [N]).T -> [1, N] in x's dtype, summed in fp32."""
+
+    def forward(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        y = (q.to(torch.float32) * x.to(torch.float32)).sum(-1) * scale.to(torch.float32)
+        return y.to(x.dtype).unsqueeze(0)
+
+
+def package_name(n: int, k: int, dtype: torch.dtype) -> str:
+    """The file name of the GEMV package for [n, k] weights and x in ``dtype`` on this
+    machine: the torch build, the vector ISA and a digest of the CPU's model and feature
+    flags (inductor compiles with ``-march=native``: a cache shared between machines must
+    not hand one CPU's code to another)."""
+    isa = torch.backends.cpu.get_cpu_capability()
+    version = re.sub(r"[^A-Za-z0-9.]+", "_", torch.__version__)
+    return (f"int8-gemv-{n}x{k}-{str(dtype).removeprefix('torch.')}-torch{version}-"
+            f"{isa.lower()}-{cpu_tag()}.pt2")
+
+
+@functools.cache
+def cpu_tag() -> str:
+    """8 hex digits naming this CPU: its model name and feature flags (/proc/cpuinfo),
+    else what the platform module knows."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    text = "|".join((fields.get("model name", platform.processor()), fields.get("flags", ""),
+                     platform.machine()))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+class OneRowInt8:
+    """A loaded GEMV package: ``kernel(x, q, scale)`` for x [1, K] contiguous in the dtype
+    it was built for (the caller checks ``accepts``; the compiled code does not check its
+    inputs' shapes or strides)."""
+
+    def __init__(self, path: Path, n: int, k: int, dtype: torch.dtype) -> None:
+        self.path, self.shape, self.dtype = path, (n, k), dtype
+        self._run = _load_runner(path)
+
+    def accepts(self, x: torch.Tensor) -> bool:
+        return (x.shape[0] == 1 and x.dtype == self.dtype and x.is_contiguous()
+                and not torch.compiler.is_compiling())
+
+    def __call__(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self._run([x, q, scale])[0]  # [1, N]
+
+
+def _load_runner(path: Path) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    # The package loader itself: torch._inductor.aoti_load_package wraps the same loader
+    # but importing torch._inductor adds ~1.1 s to the backend's start (2-core VM).
+    loader_cls = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
+    if loader_cls is not None:
+        return loader_cls(str(path), "model", False, 1, -1).run
+    from torch._inductor import aoti_load_package
+    model = aoti_load_package(str(path))
+    return lambda args: model.loader.run(args)
+
+
+def load(directory: Path, n: int, k: int, dtype: torch.dtype) -> OneRowInt8 | None:
+    """The package for this shape and machine from ``directory``, or None when none was
+    built. A package that is there but does not load raises."""
+    path = Path(directory) / package_name(n, k, dtype)
+    if not path.is_file():
+        return None
+    return OneRowInt8(path, n, k, dtype)
+
+
+def build(directory: Path, n: int, k: int, dtype: torch.dtype) -> tuple[Path, float]:
+    """Compiles the GEMV package for this shape and machine into ``directory`` (a no-op when
+    another process built it meanwhile); (its path, seconds spent). Raises where torch
+    cannot compile (no C++ compiler, an unsupported platform)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"no compiled int8 GEMV for x in {dtype}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / package_name(n, k, dtype)
+    t0 = time.perf_counter()
+    with open(directory / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two starts at once compile once
+        if path.is_file():
+            return path, time.perf_counter() - t0
+        from torch._inductor import aoti_compile_and_package
+        x = torch.zeros(1, k, dtype=dtype)
+        q = torch.zeros(n, k, dtype=torch.int8)
+        scale = torch.ones(n, dtype=dtype)
+        program = torch.export.export(Int8Gemv(), (x, q, scale))
+        # (inductor wants the .pt2 suffix on the file it writes)
+        partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")
+        try:
+            aoti_compile_and_package(program, package_path=str(partial))
+            os.replace(partial, path)  # a reader never sees half a package
+        finally:
+            partial.unlink(missing_ok=True)
+    return path, time.perf_counter() - t0

@@ -1,0 +1,141 @@
+"""The engine and the int8 LM head's compiled one-row GEMV: built by
+``python -m backend.engine.build_kernels`` into the weights cache, loaded by later engines
+(``--cpu-aot-kernels auto``) with the same greedy tokens as torch's kernel, and refused, with
+the reason in the stats, where it is missing, off, unreadable or wrong."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from backend.engine import aot_kernels
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling import SamplingParams
+from backend.layers import cpu_aot
+from backend.layers.linear import ONE_ROW_AOT_KERNEL
+from backend.weights.loader import load_model_source
+
+MODEL = "synthetic:tiny"
+FLAGS = dict(weights_dtype="int4", lm_head_dtype="int8", dtype="float32")
+PROMPTS = [[5, 9, 13, 2, 7], [40, 41, 42]]
+
+
+def engine(mode: str) -> LLMEngine:
+    return LLMEngine(EngineConfig(cpu_aot_kernels=mode, kv_cache_memory_gib=0.01,
+                                  max_model_len=128, **FLAGS), load_model_source(MODEL))
+
+
+def greedy(eng: LLMEngine) -> list[list[int]]:
+    # one prompt at a time: every decode step's head call is one row
+    return [eng.generate([p], SamplingParams(max_tokens=12, ignore_eos=True, temperature=0))[0]
+            for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A weights cache where the command line built the tiny model's head GEMV (an engine
+    started before the build found none)."""
+    root = tmp_path_factory.mktemp("cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FIRSTTOKEN_CACHE", str(root))
+    try:
+        before = engine("auto")
+        s = before.stats()
+        assert s.cpu_aot_kernels["lm_head"] == "not built"
+        assert "python -m backend.engine.build_kernels" in s.cpu_aot_kernels["reason"]
+        assert s.lm_head_kernel == "torch._weight_int8pack_mm"
+        del before
+        proc = subprocess.run(
+            [sys.executable, "-m", "backend.engine.build_kernels", "--model", MODEL,
+             "--weights-dtype", "int4", "--lm-head-dtype", "int8", "--dtype", "float32"],
+            capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, FIRSTTOKEN_CACHE=str(root)))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.startswith("LM head: built: "), proc.stdout
+        yield root
+    finally:
+        mp.undo()
+
+
+class Spy:
+    def __init__(self, kernel: cpu_aot.OneRowInt8) -> None:
+        self.kernel, self.calls = kernel, 0
+
+    def accepts(self, x: torch.Tensor) -> bool:
+        return self.kernel.accepts(x)
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.kernel(*args)
+
+
+def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
+    root = cache
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(root))
+    eng = engine("auto")
+    head = eng.runner.model.lm_head
+    packages = list((root / "kernels").glob("*.pt2"))
+    assert [p.name for p in packages] == [cpu_aot.package_name(*head.weight_shape,
+                                                               torch.float32)]
+    s = eng.stats()
+    assert s.cpu_aot_kernels == {"mode": "auto", "lm_head": "loaded", "reason": "",
+                                 "path": str(packages[0]), "build_seconds": None}
+    assert s.lm_head_kernel == ONE_ROW_AOT_KERNEL
+    kernel, head.one_row = head.one_row, None
+    tokens = greedy(eng)  # torch's kernel, same weights
+    head.one_row = spy = Spy(kernel)
+    assert greedy(eng) == tokens
+    assert spy.calls == 2 * 12  # every step's head, prefill's last row included
+    # the build command again: nothing to compile
+    proc = subprocess.run(
+        [sys.executable, "-m", "backend.engine.build_kernels", "--model", MODEL,
+         "--weights-dtype", "int4", "--lm-head-dtype", "int8", "--dtype", "float32"],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, FIRSTTOKEN_CACHE=str(root)))
+    assert proc.returncode == 0 and proc.stdout.startswith("LM head: loaded: "), proc.stdout
+
+
+def test_off_and_heads_without_one_run_torchs_kernels(cache, monkeypatch):
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(cache))
+    off = engine("off")
+    assert off.stats().cpu_aot_kernels["lm_head"] == "off"
+    assert off.stats().lm_head_kernel == "torch._weight_int8pack_mm"
+    assert off.runner.model.lm_head.one_row is None
+    dense = LLMEngine(EngineConfig(cpu_aot_kernels="build", kv_cache_memory_gib=0.01,
+                                   max_model_len=128, dtype="float32"),
+                      load_model_source(MODEL))
+    s = dense.stats()
+    assert (s.cpu_aot_kernels["lm_head"], s.lm_head_format) == ("not used", "fp32")
+    assert "int8 LM head" in s.cpu_aot_kernels["reason"]
+
+
+def test_a_package_that_does_not_load_or_disagrees_is_not_used(cache, tmp_path, monkeypatch):
+    root = cache
+    (tmp_path / "kernels").mkdir()
+    built = next((root / "kernels").glob("*.pt2"))
+    (tmp_path / "kernels" / built.name).write_bytes(b"not a package")
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path))
+    broken = engine("auto")
+    s = broken.stats()
+    assert s.cpu_aot_kernels["lm_head"] == "failed" and s.cpu_aot_kernels["reason"]
+    assert s.lm_head_kernel == "torch._weight_int8pack_mm"
+    assert broken.runner.model.lm_head.one_row is None
+    assert all(len(t) == 12 for t in greedy(broken))  # serves on torch's kernel
+
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(root))
+    monkeypatch.setattr(cpu_aot.OneRowInt8, "__call__",
+                        lambda self, x, q, scale: torch.zeros(1, q.shape[0], dtype=x.dtype))
+    wrong = engine("auto")
+    s = wrong.stats()
+    assert s.cpu_aot_kernels["lm_head"] == "failed"
+    assert "disagrees with torch's int8 kernel" in s.cpu_aot_kernels["reason"]
+    assert wrong.runner.model.lm_head.one_row is None
+
+
+def test_kernels_live_in_the_weights_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path))
+    assert aot_kernels.kernels_dir() == tmp_path / "kernels"

@@ -1,0 +1,97 @@
+"""The one-row int8 GEMV compiled ahead of time (AOTInductor): built into a directory once,
+loaded, equal to torch's int8 kernel and to the dequantised reference, used by an int8 layer
+only for the calls it was built for."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.layers import cpu_aot
+from backend.layers.linear import ONE_ROW_AOT_KERNEL, Int8Linear
+from tests.backend.layers.test_quant_linear import quantised_layer
+
+N, K = 320, 64
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(directory, package path, seconds) of one bf16 build (5-25 s: inductor runs g++)."""
+    directory = tmp_path_factory.mktemp("kernels")
+    path, seconds = cpu_aot.build(directory, N, K, torch.bfloat16)
+    return directory, path, seconds
+
+
+def test_package_is_named_for_its_shape_dtype_torch_and_cpu(built):
+    directory, path, _ = built
+    assert path == directory / cpu_aot.package_name(N, K, torch.bfloat16)
+    assert path.name.startswith(f"int8-gemv-{N}x{K}-bfloat16-torch")
+    assert path.name.endswith(f"-{cpu_aot.cpu_tag()}.pt2") and len(cpu_aot.cpu_tag()) == 8
+    assert cpu_aot.package_name(N, K, torch.float32) != path.name
+    assert cpu_aot.package_name(N + 1, K, torch.bfloat16) != path.name
+    assert [p.name for p in directory.iterdir() if p.suffix == ".pt2"] == [path.name]
+
+
+def test_build_again_is_a_no_op_and_load_finds_only_what_was_built(built, tmp_path):
+    directory, path, _ = built
+    mtime = path.stat().st_mtime_ns
+    again, seconds = cpu_aot.build(directory, N, K, torch.bfloat16)
+    assert again == path and path.stat().st_mtime_ns == mtime and seconds < 1
+    assert cpu_aot.load(tmp_path, N, K, torch.bfloat16) is None
+    assert cpu_aot.load(directory, N, K, torch.float32) is None
+    with pytest.raises(ValueError, match="int8 GEMV"):
+        cpu_aot.build(tmp_path, N, K, torch.int8)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_matches_torchs_int8_kernel_and_the_dequantised_reference(built, seed):
+    directory, _, _ = built
+    kernel = cpu_aot.load(directory, N, K, torch.bfloat16)
+    gen = torch.Generator().manual_seed(seed)
+    layer = quantised_layer("int8", torch.randn(N, K, generator=gen) * 0.05, torch.bfloat16)
+    x = torch.randn(1, K, generator=gen).to(torch.bfloat16)
+    got = kernel(x, layer.q, layer.scale)
+    assert got.shape == (1, N) and got.dtype == torch.bfloat16
+    want = torch._weight_int8pack_mm(x, layer.q, layer.scale)
+    ref = x.float() @ layer.dequantized().t()
+    scale = ref.abs().max().item()
+    # fp32 sums rounded once to bf16: within a bf16 step of the exact product
+    torch.testing.assert_close(got.float(), ref, atol=8e-3 * scale, rtol=0)
+    torch.testing.assert_close(got.float(), want.float(), atol=1.6e-2 * scale, rtol=0)
+    assert (got.float() - ref).abs().mean() <= (want.float() - ref).abs().mean() * 1.05
+
+
+class Counting:
+    def __init__(self, kernel: cpu_aot.OneRowInt8) -> None:
+        self.kernel, self.calls = kernel, 0
+
+    def accepts(self, x: torch.Tensor) -> bool:
+        return self.kernel.accepts(x)
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.kernel(*args)
+
+
+def test_the_layer_runs_it_for_one_contiguous_row_of_its_dtype_only(built):
+    directory, _, _ = built
+    kernel = cpu_aot.load(directory, N, K, torch.bfloat16)
+    gen = torch.Generator().manual_seed(2)
+    b = torch.randn(N, generator=gen)
+    layer = quantised_layer("int8", torch.randn(N, K, generator=gen) * 0.05, torch.bfloat16,
+                            bias=b)
+    assert isinstance(layer, Int8Linear) and layer.one_token_kernel(False) == layer.kernel
+    layer.one_row = counting = Counting(kernel)
+    assert layer.one_token_kernel(False) == ONE_ROW_AOT_KERNEL
+    x = torch.randn(1, K, generator=gen).to(torch.bfloat16)
+    y = layer(x)
+    assert counting.calls == 1
+    ref = x.float() @ layer.dequantized().t() + b.to(torch.bfloat16).float()
+    torch.testing.assert_close(y.float(), ref, atol=1e-2 * ref.abs().max().item(), rtol=0)
+    rows3 = torch.randn(3, K, generator=gen).to(torch.bfloat16)
+    strided = torch.randn(1, 2 * K, generator=gen).to(torch.bfloat16)[:, ::2]
+    assert not kernel.accepts(rows3) and not kernel.accepts(strided)
+    assert not kernel.accepts(torch.randn(1, K, generator=gen))  # float32
+    ref = rows3.float() @ layer.dequantized().t() + b.to(torch.bfloat16).float()
+    torch.testing.assert_close(layer(rows3).float(), ref,  # torch's kernel
+                               atol=3e-2 * ref.abs().max().item(), rtol=0)
+    assert counting.calls == 1
