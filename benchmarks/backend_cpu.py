@@ -349,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                                  weights_dtype=health.get("weights_dtype"),
                                  linear_kernel=health.get("linear_kernel"),
                                  lm_head_dtype=health.get("lm_head_dtype"),
+                                 lm_head_kernel=health.get("lm_head_kernel"),
                                  prefill_kernel=health.get("prefill_kernel"),
                                  prefill_dense_weights=health.get("prefill_dense_weights"),
                                  server_rss_mib={"after_start": rss_start,
