@@ -18,6 +18,7 @@ from backend.engine.sampling import SamplingParams
 from backend.layers import cpu_aot
 from backend.layers.linear import ONE_ROW_AOT_KERNEL
 from backend.weights.loader import load_model_source
+from tests.backend.layers.test_cpu_aot import Counting
 
 MODEL = "synthetic:tiny"
 FLAGS = dict(weights_dtype="int4", lm_head_dtype="int8", dtype="float32")
@@ -61,18 +62,6 @@ def cache(tmp_path_factory):
         mp.undo()
 
 
-class Spy:
-    def __init__(self, kernel: cpu_aot.OneRowInt8) -> None:
-        self.kernel, self.calls = kernel, 0
-
-    def accepts(self, x: torch.Tensor) -> bool:
-        return self.kernel.accepts(x)
-
-    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        return self.kernel(*args)
-
-
 def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
     root = cache
     monkeypatch.setenv("FIRSTTOKEN_CACHE", str(root))
@@ -87,7 +76,7 @@ def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
     assert s.lm_head_kernel == ONE_ROW_AOT_KERNEL
     kernel, head.one_row = head.one_row, None
     tokens = greedy(eng)  # torch's kernel, same weights
-    head.one_row = spy = Spy(kernel)
+    head.one_row = spy = Counting(kernel)
     assert greedy(eng) == tokens
     assert spy.calls == 2 * 12  # every step's head, prefill's last row included
     # the build command again: nothing to compile

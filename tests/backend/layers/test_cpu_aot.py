@@ -61,6 +61,8 @@ def test_matches_torchs_int8_kernel_and_the_dequantised_reference(built, seed):
 
 
 class Counting:
+    """A loaded kernel that counts its calls."""
+
     def __init__(self, kernel: cpu_aot.OneRowInt8) -> None:
         self.kernel, self.calls = kernel, 0
 
