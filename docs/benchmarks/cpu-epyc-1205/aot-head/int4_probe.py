@@ -1,4 +1,4 @@
-"""Probe: one-row int4 g32 GEMV from inductor (AOT) vs torch._weight_int4pack_mm_for_cpu at SmolLM2 shapes."""
+"""Ad hoc probe (PYTHONPATH=.): one-row int4 g32 GEMV from inductor (AOT) vs torch._weight_int4pack_mm_for_cpu at SmolLM2 shapes."""
 import statistics, tempfile, time, torch
 from benchmarks.quant import _cpu_time_us
 torch.manual_seed(0)
