@@ -44,7 +44,8 @@ def kernels_dir() -> Path:
 
 
 def attach(model: LlamaModel, mode: str) -> AotKernels:
-    """Gives the model's int8 LM head on the CPU its compiled one-row GEMV, per ``mode``.
+    """Gives the model's int8 LM head on the CPU its compiled one-row GEMV, per ``mode``
+    (after the step ops are chosen: a head under torch.compile gets none).
     A package that does not load, or whose output differs from torch's kernel on the
     head's own weights, is not used (the engine runs torch's kernel and says why)."""
     head = model.lm_head
@@ -53,6 +54,10 @@ def attach(model: LlamaModel, mode: str) -> AotKernels:
     if not (isinstance(head, Int8Linear) and head.device.type == "cpu"
             and head.kernel != "unloaded" and head.dtype in cpu_aot.DTYPES):
         return AotKernels(mode, "not used", "only an int8 LM head on the CPU has one")
+    if "LlamaModel.head" in model.compiled_pieces:
+        # torch.compile cannot trace into the package: the compiled head runs torch's kernel
+        head.one_row = None
+        return AotKernels(mode, "not used", "--compile: the compiled head runs torch's kernel")
     n, k = head.weight_shape
     directory, seconds = kernels_dir(), None
     try:

@@ -94,7 +94,6 @@ class ModelRunner:
         elif self.prefill_dense.needed_bytes:
             log.info("no dense weight copies: %s (--prefill-dense-weights on keeps them)",
                      self.prefill_dense.reason)
-        self.aot_kernels: AotKernels = attach_aot_kernels(self.model, config.cpu_aot_kernels)
         self.num_blocks = self._num_blocks(cfg)
         self.kv_cache = KVCache(cfg.num_hidden_layers, self.num_blocks, self.block_size,
                                 cfg.num_key_value_heads, cfg.head_dim, self.dtype,
@@ -111,6 +110,7 @@ class ModelRunner:
         self.compile_info = apply_step_ops(
             self.model, resolve_step_ops(config.compile, config.fused_ops, self.device),
             self.attn, self.kv_cache.scratch_slot, self.block_size)
+        self.aot_kernels: AotKernels = attach_aot_kernels(self.model, config.cpu_aot_kernels)
         # [max_num_seqs] long: the latest step's sampled ids, where the next step's inputs
         # read tokens the host has not seen yet (a fixed buffer: CUDA graphs read it too)
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,

@@ -94,6 +94,14 @@ def test_off_and_heads_without_one_run_torchs_kernels(cache, monkeypatch):
     assert off.stats().cpu_aot_kernels["lm_head"] == "off"
     assert off.stats().lm_head_kernel == "torch._weight_int8pack_mm"
     assert off.runner.model.lm_head.one_row is None
+    # a head under torch.compile (``--compile``) cannot call into the package
+    loaded = engine("auto")
+    model = loaded.runner.model
+    assert model.lm_head.one_row is not None
+    model.compiled_pieces = ["LlamaModel.head"]
+    result = aot_kernels.attach(model, "auto")
+    assert (result.lm_head, model.lm_head.one_row) == ("not used", None)
+    assert "--compile" in result.reason
     dense = LLMEngine(EngineConfig(cpu_aot_kernels="build", kv_cache_memory_gib=0.01,
                                    max_model_len=128, dtype="float32"),
                       load_model_source(MODEL))
