@@ -136,3 +136,14 @@ def test_a_package_that_does_not_load_or_disagrees_is_not_used(cache, tmp_path, 
 def test_kernels_live_in_the_weights_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path))
     assert aot_kernels.kernels_dir() == tmp_path / "kernels"
+
+
+def test_without_a_cxx_compiler_the_build_fails_plainly(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "backend.engine.build_kernels", "--model", MODEL,
+         "--weights-dtype", "int4", "--lm-head-dtype", "int8", "--dtype", "float32"],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, FIRSTTOKEN_CACHE=str(tmp_path), CXX=str(tmp_path / "no-g++")))
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    assert proc.stdout.startswith("LM head: failed (") and "C++ compiler" in proc.stdout
+    assert not list((tmp_path / "kernels").glob("*.pt2"))
