@@ -72,10 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory the weight copies may take under "
                         "--prefill-dense-weights auto (default: %(default)s)")
     p.add_argument("--cpu-aot-kernels", default="auto", choices=("auto", "build", "off"),
-                   help="the CPU's int8 LM head at one row through a GEMV compiled ahead of "
-                        "time, kept in the weights cache: auto = where built (make model; "
-                        "python -m backend.engine.build_kernels), build = compile a missing "
-                        "one at start (5-25 s once), off = torch's kernel (default: %(default)s)")
+                   help="one-token CPU steps through code compiled ahead of time, kept in the "
+                        "weights cache (the int8 LM head's GEMV, the quantised layers' work "
+                        "between attention calls): auto = where built (make model; python -m "
+                        "backend.engine.build_kernels), build = compile what is missing at "
+                        "start (10-40 s once), off = eager (default: %(default)s)")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB",
                    help="KV cache size in GiB (default: sized from free memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")

@@ -19,7 +19,7 @@ kernels), or the pieces between attention calls are torch.compiled (``use_step_o
 from __future__ import annotations
 
 import math
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -319,6 +319,8 @@ class LlamaModel(nn.Module):
         without its per-call Python (prologue records, ``matmul``'s kernel choice, module
         calls): about 1 ms of a 12-13 ms SmolLM2 decode step at batch 1 on a 2-core CPU.
         x: [T, hidden] embeddings -> the last block's (x, residual)."""
+        if x.shape[0] == 1 and self.one_token_layers is not None:
+            return self._one_token_layers(x, cos, sin, attn, meta)
         norm, silu_mul = EAGER.add_rms_norm, EAGER.silu_mul
         residual = None
         for i, (layer, qkv, o, gate_up, down) in enumerate(self._matmuls(x.shape[0])):
@@ -329,6 +331,27 @@ class LlamaModel(nn.Module):
             h, residual = norm(o(out), residual, layer.post_norm, layer.eps)
             x = down(silu_mul(gate_up(h)))
         return x, residual
+
+    # On the CPU, the work between two attention calls of a one-token step as one compiled
+    # call, where the engine loaded one (``backend.engine.aot_layers``): (i, attention
+    # output of layer i, residual, cos, sin) -> layer i + 1's q, k, v and residual
+    one_token_layers: Callable[..., list[torch.Tensor]] | None = None
+
+    def _one_token_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          attn: Attention, meta: AttentionMetadata
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_eager_layers`` for one token: the first layer's norm and q|k|v and the last
+        layer's MLP eager, everything between two attention calls compiled."""
+        last = len(self.layers) - 1
+        q, k, v, residual = self.layers[0].pre_attention(x, None, cos, sin)
+        between = self.one_token_layers
+        for i in range(last):
+            with stage("attention"):
+                out = attn.forward(i, q, k, v, meta)
+            q, k, v, residual = between(i, out, residual, cos, sin)
+        with stage("attention"):
+            out = attn.forward(last, q, k, v, meta)
+        return self.layers[last].post_attention(out, residual)
 
     def _matmuls(self, rows: int) -> list[tuple]:
         """Per block (the block, its qkv, o, gate_up and down matmuls) for a step of

@@ -1,19 +1,21 @@
-"""The CPU kernels the engine runs compiled ahead of time (``backend.layers.cpu_aot``): the
-int8 LM head's one-row GEMV (a batch-1 decode step's head). Packages live in the weights
-cache, ``$FIRSTTOKEN_CACHE/kernels`` (default ``~/.cache/firsttoken/kernels``), one per
-shape and machine; ``make model`` builds the embedded model's. At start the engine loads a
-package that is there (``--cpu-aot-kernels auto``), compiles a missing one first (``build``,
-5-25 s once) or runs torch's kernel (``off``, and wherever no package loads);
+"""The CPU code the engine runs compiled ahead of time (``backend.layers.cpu_aot``) in
+one-token steps: the int8 LM head's one-row GEMV and the quantised layers' work between
+attention calls (``backend.engine.aot_layers``). Packages live in the weights cache,
+``$FIRSTTOKEN_CACHE/kernels`` (default ``~/.cache/firsttoken/kernels``), one per shape and
+machine; ``make model`` builds the embedded model's. At start the engine loads a package
+that is there (``--cpu-aot-kernels auto``), compiles a missing one first (``build``, 10-40 s
+once) or runs the eager path (``off``, and wherever no package loads);
 ``python -m backend.engine.build_kernels`` builds a model's packages and exits.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from backend.engine import aot_layers
 from backend.layers import cpu_aot
 from backend.layers.linear import Int8Linear
 from backend.model import LlamaModel
@@ -27,13 +29,16 @@ BUILD_HINT = "python -m backend.engine.build_kernels --model MODEL builds it"
 
 @dataclass(frozen=True)
 class AotKernels:
-    """What became of the LM head's compiled one-row kernel (``/health``)."""
+    """What became of the LM head's compiled one-row kernel (``/health``), and in
+    ``layers`` of the one-token layer pieces (``backend.engine.aot_layers``), the same
+    fields: {"status", "reason", "path", "build_seconds"}."""
 
     mode: str  # --cpu-aot-kernels
     lm_head: str  # loaded, built, not built, not used, off, failed
     reason: str = ""
     path: str | None = None
     build_seconds: float | None = None
+    layers: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -44,10 +49,45 @@ def kernels_dir() -> Path:
 
 
 def attach(model: LlamaModel, mode: str) -> AotKernels:
-    """Gives the model's int8 LM head on the CPU its compiled one-row GEMV, per ``mode``
-    (after the step ops are chosen: a head under torch.compile gets none).
-    A package that does not load, or whose output differs from torch's kernel on the
-    head's own weights, is not used (the engine runs torch's kernel and says why)."""
+    """Gives the model on the CPU its compiled one-token kernels, per ``mode``, after the
+    step ops are chosen (compiled step ops get none): the int8 LM head's one-row GEMV and
+    the layer pieces between attention calls. A package that does not load, or whose output
+    differs from the eager path's on the model's own weights, is not used (the engine runs
+    the eager path and says why)."""
+    head = attach_head(model, mode)
+    return replace(head, layers=attach_layers(model, mode))
+
+
+def attach_layers(model: LlamaModel, mode: str) -> dict:
+    model.one_token_layers = None
+    if mode == "off":
+        return {"status": "off", "reason": "--cpu-aot-kernels off", "path": None,
+                "build_seconds": None}
+    why = aot_layers.unusable(model)
+    if why is not None:
+        return {"status": "not used", "reason": why, "path": None, "build_seconds": None}
+    directory, seconds = kernels_dir(), None
+    path = aot_layers.package_path(model, directory)
+    try:
+        if not path.is_file() and mode == "build":
+            log.info("compiling the one-token layer pieces ahead of time into %s (once per "
+                     "machine and layer code)", directory)
+            _, seconds = aot_layers.build(model, directory)
+            log.info("compiled in %.1f s", seconds)
+        if not path.is_file():
+            log.info("one-token steps run the eager layers: no %s (%s)", path.name, BUILD_HINT)
+            return {"status": "not built", "reason": f"no {path.name} in {directory}; "
+                    f"{BUILD_HINT}", "path": None, "build_seconds": None}
+        model.one_token_layers = aot_layers.OneTokenLayers(path, model)
+    except Exception as exc:  # as for the head: the eager layers serve
+        log.warning("the compiled one-token layer pieces are not used: %s", exc)
+        return {"status": "failed", "reason": str(exc)[:500], "path": None,
+                "build_seconds": None if seconds is None else round(seconds, 2)}
+    return {"status": "built" if seconds is not None else "loaded", "reason": "",
+            "path": str(path), "build_seconds": None if seconds is None else round(seconds, 2)}
+
+
+def attach_head(model: LlamaModel, mode: str) -> AotKernels:
     head = model.lm_head
     if mode == "off":
         return AotKernels(mode, "off", "--cpu-aot-kernels off")

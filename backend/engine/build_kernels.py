@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m backend.engine.build_kernels",
         description="Compile the CPU kernels the backend would load for a model (the int8 LM "
-                    f"head's one-row GEMV) into {aot_kernels.kernels_dir()}.")
+                    "head's one-row GEMV, the one-token layer pieces) into "
+                    f"{aot_kernels.kernels_dir()}.")
     parser.add_argument("--model", required=True, help="a preset name or a path, as the backend")
     parser.add_argument("--dtype", default="auto", choices=DTYPES)
     parser.add_argument("--weights-dtype", default="auto", choices=WEIGHT_DTYPES)
@@ -37,9 +38,13 @@ def main(argv: list[str] | None = None) -> int:
                           max_num_seqs=1, max_model_len=64, prefill_dense_weights="off",
                           cpu_aot_kernels="build")
     result = LLMEngine(config, load_model_source(args.model)).runner.aot_kernels
+    layers = result.layers
     print(f"LM head: {result.lm_head}" + (f" ({result.reason})" if result.reason else "")
           + (f": {result.path}" if result.path else ""))
-    return 1 if result.lm_head == "failed" else 0
+    print(f"one-token layers: {layers['status']}"
+          + (f" ({layers['reason']})" if layers["reason"] else "")
+          + (f": {layers['path']}" if layers["path"] else ""))
+    return 1 if "failed" in (result.lm_head, layers["status"]) else 0
 
 
 if __name__ == "__main__":

@@ -67,9 +67,10 @@ class EngineConfig(Schema):
     # auto = when the copies fit the budget below
     prefill_dense_weights: str = "auto"
     prefill_dense_max_gib: float = Field(PREFILL_DENSE_MAX_GIB, ge=0)
-    # The CPU's int8 LM head at one row through a GEMV compiled ahead of time for its shape
-    # (backend.engine.aot_kernels): auto = where a package is in the weights cache; build =
-    # compile a missing one at start (5-25 s, once per machine); off = torch's kernel
+    # One-token CPU steps through code compiled ahead of time (backend.engine.aot_kernels):
+    # the int8 LM head's GEMV and the quantised layers' work between attention calls. auto =
+    # where a package is in the weights cache; build = compile what is missing at start
+    # (10-40 s, once per machine); off = eager
     cpu_aot_kernels: str = "auto"
     kv_cache_memory_gib: float | None = Field(None, gt=0)  # None = sized from free memory
     block_size: int = Field(16, ge=1)  # tokens per KV block

@@ -71,7 +71,7 @@ class OneRowInt8:
 
     def __init__(self, path: Path, n: int, k: int, dtype: torch.dtype) -> None:
         self.path, self.shape, self.dtype = path, (n, k), dtype
-        self._run = _load_runner(path)
+        self._run = load_runner(path)
 
     def accepts(self, x: torch.Tensor) -> bool:
         return (x.shape[0] == 1 and x.dtype == self.dtype and x.is_contiguous()
@@ -81,7 +81,8 @@ class OneRowInt8:
         return self._run([x, q, scale])[0]  # [1, N]
 
 
-def _load_runner(path: Path) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+def load_runner(path: Path) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """A package's ``run``: a list of input tensors -> the list of its outputs."""
     # The package loader itself: torch._inductor.aoti_load_package wraps the same loader
     # but importing torch._inductor adds ~1.1 s to the backend's start (2-core VM).
     loader_cls = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
@@ -101,25 +102,18 @@ def load(directory: Path, n: int, k: int, dtype: torch.dtype) -> OneRowInt8 | No
     return OneRowInt8(path, n, k, dtype)
 
 
-def build(directory: Path, n: int, k: int, dtype: torch.dtype) -> tuple[Path, float]:
-    """Compiles the GEMV package for this shape and machine into ``directory`` (a no-op when
-    another process built it meanwhile); (its path, seconds spent). Raises where torch
-    cannot compile (no C++ compiler, an unsupported platform)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"no compiled int8 GEMV for x in {dtype}")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / package_name(n, k, dtype)
+def compile_package(path: Path, module: nn.Module, args: tuple) -> float:
+    """Exports ``module`` at ``args`` and compiles it into the package ``path`` (a no-op when
+    another process built it meanwhile); the seconds spent. Raises where torch cannot
+    compile (no C++ compiler, an unsupported platform, an untraceable module)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with open(directory / ".build.lock", "w") as lock:
+    with open(path.parent / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two starts at once compile once
         if path.is_file():
-            return path, time.perf_counter() - t0
+            return time.perf_counter() - t0
         from torch._inductor import aoti_compile_and_package
-        x = torch.zeros(1, k, dtype=dtype)
-        q = torch.zeros(n, k, dtype=torch.int8)
-        scale = torch.ones(n, dtype=dtype)
-        program = torch.export.export(Int8Gemv(), (x, q, scale))
+        program = torch.export.export(module, args, strict=False)
         # (inductor wants the .pt2 suffix on the file it writes)
         partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")
         try:
@@ -127,4 +121,16 @@ def build(directory: Path, n: int, k: int, dtype: torch.dtype) -> tuple[Path, fl
             os.replace(partial, path)  # a reader never sees half a package
         finally:
             partial.unlink(missing_ok=True)
-    return path, time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def build(directory: Path, n: int, k: int, dtype: torch.dtype) -> tuple[Path, float]:
+    """Compiles the GEMV package for this shape and machine into ``directory`` (a no-op when
+    another process built it meanwhile); (its path, seconds spent). Raises where torch
+    cannot compile (no C++ compiler, an unsupported platform)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"no compiled int8 GEMV for x in {dtype}")
+    path = Path(directory) / package_name(n, k, dtype)
+    args = (torch.zeros(1, k, dtype=dtype), torch.zeros(n, k, dtype=torch.int8),
+            torch.ones(n, dtype=dtype))
+    return path, compile_package(path, Int8Gemv(), args)

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from backend.engine import aot_kernels
+from backend.engine import aot_kernels, aot_layers
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
@@ -57,6 +57,7 @@ def cache(tmp_path_factory):
             env=dict(os.environ, FIRSTTOKEN_CACHE=str(root)))
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.startswith("LM head: built: "), proc.stdout
+        assert "\none-token layers: built: " in proc.stdout, proc.stdout
         yield root
     finally:
         mp.undo()
@@ -67,18 +68,30 @@ def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
     monkeypatch.setenv("FIRSTTOKEN_CACHE", str(root))
     eng = engine("auto")
     head = eng.runner.model.lm_head
-    packages = list((root / "kernels").glob("*.pt2"))
-    assert [p.name for p in packages] == [cpu_aot.package_name(*head.weight_shape,
-                                                               torch.float32)]
+    packages = sorted((root / "kernels").glob("*.pt2"))
+    gemv = root / "kernels" / cpu_aot.package_name(*head.weight_shape, torch.float32)
+    pieces = aot_layers.package_path(eng.runner.model, root / "kernels")
+    assert packages == sorted([gemv, pieces])
     s = eng.stats()
-    assert s.cpu_aot_kernels == {"mode": "auto", "lm_head": "loaded", "reason": "",
-                                 "path": str(packages[0]), "build_seconds": None}
+    assert s.cpu_aot_kernels == {
+        "mode": "auto", "lm_head": "loaded", "reason": "", "path": str(gemv),
+        "build_seconds": None, "layers": {"status": "loaded", "reason": "",
+                                          "path": str(pieces), "build_seconds": None}}
     assert s.lm_head_kernel == ONE_ROW_AOT_KERNEL
     kernel, head.one_row = head.one_row, None
     tokens = greedy(eng)  # torch's kernel, same weights
     head.one_row = spy = Counting(kernel)
     assert greedy(eng) == tokens
     assert spy.calls == 2 * 12  # every step's head, prefill's last row included
+    # the layer pieces: once per decode step (one pair of layers in the tiny model), with
+    # the eager layers' greedy tokens (float32: the fused norms round as the eager ones)
+    model = eng.runner.model
+    pieces_fn, model.one_token_layers = model.one_token_layers, None
+    eager_tokens = greedy(eng)
+    calls = []
+    model.one_token_layers = lambda *a: calls.append(a[0]) or pieces_fn(*a)
+    assert greedy(eng) == eager_tokens
+    assert calls == [0] * (2 * 11)  # 11 decode steps a prompt; the prefill runs eager
     # the build command again: nothing to compile
     proc = subprocess.run(
         [sys.executable, "-m", "backend.engine.build_kernels", "--model", MODEL,
@@ -86,6 +99,7 @@ def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
         capture_output=True, text=True, timeout=300,
         env=dict(os.environ, FIRSTTOKEN_CACHE=str(root)))
     assert proc.returncode == 0 and proc.stdout.startswith("LM head: loaded: "), proc.stdout
+    assert "\none-token layers: loaded: " in proc.stdout, proc.stdout
 
 
 def test_off_and_heads_without_one_run_torchs_kernels(cache, monkeypatch):
@@ -108,17 +122,23 @@ def test_off_and_heads_without_one_run_torchs_kernels(cache, monkeypatch):
     s = dense.stats()
     assert (s.cpu_aot_kernels["lm_head"], s.lm_head_format) == ("not used", "fp32")
     assert "int8 LM head" in s.cpu_aot_kernels["reason"]
+    assert s.cpu_aot_kernels["layers"]["status"] == "not used"  # dense layers run eager
+    assert dense.runner.model.one_token_layers is None
+    assert off.stats().cpu_aot_kernels["layers"]["status"] == "off"
+    assert off.runner.model.one_token_layers is None
 
 
 def test_a_package_that_does_not_load_or_disagrees_is_not_used(cache, tmp_path, monkeypatch):
     root = cache
     (tmp_path / "kernels").mkdir()
-    built = next((root / "kernels").glob("*.pt2"))
-    (tmp_path / "kernels" / built.name).write_bytes(b"not a package")
+    for built in (root / "kernels").glob("*.pt2"):  # the head's and the layers'
+        (tmp_path / "kernels" / built.name).write_bytes(b"not a package")
     monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path))
     broken = engine("auto")
     s = broken.stats()
     assert s.cpu_aot_kernels["lm_head"] == "failed" and s.cpu_aot_kernels["reason"]
+    assert s.cpu_aot_kernels["layers"]["status"] == "failed"
+    assert broken.runner.model.one_token_layers is None
     assert s.lm_head_kernel == "torch._weight_int8pack_mm"
     assert broken.runner.model.lm_head.one_row is None
     assert all(len(t) == 12 for t in greedy(broken))  # serves on torch's kernel
@@ -131,6 +151,16 @@ def test_a_package_that_does_not_load_or_disagrees_is_not_used(cache, tmp_path, 
     assert s.cpu_aot_kernels["lm_head"] == "failed"
     assert "disagrees with torch's int8 kernel" in s.cpu_aot_kernels["reason"]
     assert wrong.runner.model.lm_head.one_row is None
+    assert s.cpu_aot_kernels["layers"]["status"] == "loaded"  # the other package stands
+
+    real_run = aot_layers.OneTokenLayers.__call__
+    monkeypatch.setattr(aot_layers.OneTokenLayers, "__call__",
+                        lambda self, *a: [t * 1.1 for t in real_run(self, *a)])
+    off_by_ten = engine("auto")
+    layers = off_by_ten.stats().cpu_aot_kernels["layers"]
+    assert layers["status"] == "failed" and "disagrees with the eager layers" in layers["reason"]
+    assert off_by_ten.runner.model.one_token_layers is None
+    assert all(len(t) == 12 for t in greedy(off_by_ten))
 
 
 def test_kernels_live_in_the_weights_cache(monkeypatch, tmp_path):
@@ -146,4 +176,5 @@ def test_without_a_cxx_compiler_the_build_fails_plainly(tmp_path):
         env=dict(os.environ, FIRSTTOKEN_CACHE=str(tmp_path), CXX=str(tmp_path / "no-g++")))
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     assert proc.stdout.startswith("LM head: failed (") and "C++ compiler" in proc.stdout
+    assert "\none-token layers: failed (" in proc.stdout
     assert not list((tmp_path / "kernels").glob("*.pt2"))

@@ -103,6 +103,7 @@ def test_cli_serves_and_stops_on_sigterm(tmp_path):
         aot = health["cpu_aot_kernels"]
         assert (aot["mode"], aot["lm_head"], aot["path"]) == ("auto", "not built", None)
         assert "python -m backend.engine.build_kernels" in aot["reason"]
+        assert (aot["layers"]["status"], aot["layers"]["path"]) == ("not built", None)
         # prefill multiplies by dense copies: the default auto, a tiny model within 1 GiB
         assert health["prefill_kernel"] == copy_kernel(health["dtype"])
         dense = health["prefill_dense_weights"]

@@ -55,12 +55,17 @@ def test_sync_non_stream_says_berlin(smollm2):
     _sane(resp.model_extra["firsttoken_timings"], u)
 
 
-def test_the_embedded_models_int8_head_runs_the_gemv_make_model_built(smollm2):
-    """`make model` compiles the int8 LM head's one-row GEMV for this machine; the server on
-    the embedded model loads it (the answers above come through it)."""
+def test_the_embedded_model_runs_the_kernels_make_model_built(smollm2):
+    """`make model` compiles the int8 LM head's one-row GEMV and the one-token layer pieces
+    for this machine; the server on the embedded model loads them (the answers above come
+    through them)."""
     with httpx.Client(timeout=60) as http:
         health = http.get(f"{smollm2.base_url}/health").json()
     aot = health["cpu_aot_kernels"]
+    if health["weights_dtype"].startswith(("int4", "int8")):
+        assert aot["layers"]["status"] == "loaded", f"{aot['layers']}: `make model` builds it"
+    else:  # a CPU where auto keeps dense layers
+        assert aot["layers"]["status"] == "not used"
     if health["lm_head_dtype"] != "int8":  # a CPU where auto keeps a dense head
         assert aot["lm_head"] == "not used"
         return

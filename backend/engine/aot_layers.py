@@ -1,0 +1,144 @@
+"""The CPU's work between two attention calls at one token (layer i's o, add + RMSNorm,
+gate|up, SiLU·mul and down, then layer i + 1's add + RMSNorm, q|k|v and RoPE), compiled ahead
+of time (``backend.layers.cpu_aot``) into one package that serves every pair of layers: their
+weights are its inputs. A batch-1 decode step on the CPU runs ~15 torch ops a layer, each
+paying Python and dispatch, around matmuls of a few dozen µs; the compiled piece runs them as
+one call with the elementwise work fused (SmolLM2's 29 pairs, ad hoc on a 2-core VM: about
+half the time of the same calls eager).
+
+The package bakes in today's layer code, so its name carries a digest of the sources it was
+traced from, beside the shapes, dtypes, torch build and CPU: a change to any of them makes
+the engine look for (and ``build`` compile) another one.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from backend import model as model_module
+from backend.layers import cpu_aot, fused_ops, gemv, linear, quantize
+from backend.model import DecoderLayer, LlamaModel
+
+# the code the traced graph comes from: the layer methods, the matmuls' CPU paths, the ops
+SOURCES = (model_module, linear, fused_ops, gemv, quantize)
+
+
+class _Between(nn.Module):
+    """(attention output of layer a, residual, cos, sin) -> layer b's q, k, v, residual."""
+
+    def __init__(self, a: DecoderLayer, b: DecoderLayer) -> None:
+        super().__init__()
+        self.a, self.b = a, b
+
+    def forward(self, out: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y, residual = self.a.post_attention(out, residual)
+        return self.b.pre_attention(y, residual, cos, sin)
+
+
+class _Lifted(nn.Module):
+    """``_Between`` with the two layers' tensors as the leading inputs (in ``names`` order)."""
+
+    def __init__(self, inner: _Between, names: list[str]) -> None:
+        super().__init__()
+        self.inner, self.names = inner, names
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = len(self.names)
+        return torch.func.functional_call(self.inner, dict(zip(self.names, args[:n])),
+                                          args[n:])
+
+
+def _tensors(pair: _Between) -> dict[str, torch.Tensor]:
+    # the kept dense copies (oneDNN's opaque layout) serve many-row calls only
+    found = dict(pair.named_parameters())
+    found.update((n, b) for n, b in pair.named_buffers() if not n.endswith("prefill_weight"))
+    return found
+
+
+def _pairs(model: LlamaModel) -> list[_Between]:
+    return [_Between(a, b) for a, b in zip(model.layers, model.layers[1:])]
+
+
+def unusable(model: LlamaModel) -> str | None:
+    """Why this model's one-token steps cannot run the compiled pieces, or None."""
+    if model.device.type != "cpu":
+        return "the CPU's eager step only"
+    if model.compiled_pieces or model.ops is not model_module.EAGER or not model.flat_eager:
+        return "the step ops are not the eager ones (--compile or fused ops)"
+    if not isinstance(model.layers[0].qkv, (linear.Int4Linear, linear.Int8Linear)):
+        return "measured for int4 / int8 layers only (dense layers run eager)"
+    if len(model.layers) < 2:
+        return "one layer: nothing between two attention calls"
+    shapes = [{n: (t.shape, t.dtype) for n, t in _tensors(p).items()} for p in _pairs(model)]
+    if any(s != shapes[0] for s in shapes):
+        return "the layers differ in their weights' shapes or formats"
+    return None
+
+
+def package_path(model: LlamaModel, directory: Path) -> Path:
+    """The package for this model's layer shapes, formats and dtype, the layer code of this
+    tree, the torch build and the CPU."""
+    h = hashlib.sha256()
+    for name, t in sorted(_tensors(_pairs(model)[0]).items()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+    cfg = model.cfg
+    h.update(f"{model.dtype}|{cfg.num_attention_heads}|{cfg.num_key_value_heads}|"
+             f"{cfg.head_dim}|{cfg.rms_norm_eps}|{torch.__version__}|".encode())
+    for module in SOURCES:
+        h.update(Path(module.__file__).read_bytes())
+    return Path(directory) / f"layers-one-token-{h.hexdigest()[:16]}-{cpu_aot.cpu_tag()}.pt2"
+
+
+def _example(model: LlamaModel) -> tuple[torch.Tensor, ...]:
+    cfg, dt = model.cfg, model.dtype
+    gen = torch.Generator().manual_seed(0)
+    out = torch.randn(1, cfg.num_attention_heads * cfg.head_dim, generator=gen).to(dt)
+    residual = torch.randn(1, cfg.hidden_size, generator=gen).to(dt)
+    return out, residual, model.cos_table[7:8], model.sin_table[7:8]
+
+
+def build(model: LlamaModel, directory: Path) -> tuple[Path, float]:
+    """Compiles the package for this model into ``directory``; (its path, seconds)."""
+    pair = _pairs(model)[0]
+    tensors = _tensors(pair)
+    names = sorted(tensors)
+    path = package_path(model, directory)
+    seconds = cpu_aot.compile_package(path, _Lifted(pair, names).eval(),
+                                      (*(tensors[n] for n in names), *_example(model)))
+    return path, seconds
+
+
+class OneTokenLayers:
+    """``layers(i, out, residual, cos, sin)``: between attention calls i and i + 1 of a
+    one-token step -> (q, k, v, residual) of layer i + 1, through the package."""
+
+    def __init__(self, path: Path, model: LlamaModel) -> None:
+        self.path = path
+        self._run: Callable[[list[torch.Tensor]], list[torch.Tensor]] = \
+            cpu_aot.load_runner(path)
+        pairs = _pairs(model)
+        names = sorted(_tensors(pairs[0]))
+        self._weights = [[t[n] for n in names] for t in map(_tensors, pairs)]
+        self._check(pairs[0], model)
+
+    def __call__(self, i: int, out: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> list[torch.Tensor]:
+        return self._run([*self._weights[i], out, residual, cos, sin])
+
+    def _check(self, pair: _Between, model: LlamaModel) -> None:
+        """The package against the eager calls on the first pair's own weights."""
+        args = _example(model)
+        with torch.inference_mode():
+            want = pair(*args)
+            got = self(0, *args)
+        for g, w in zip(got, want):
+            err = (g.float() - w.float()).abs().max().item() / max(
+                w.float().abs().max().item(), 1e-6)
+            if g.shape != w.shape or not err <= 5e-2:
+                raise RuntimeError(f"{self.path.name} disagrees with the eager layers "
+                                   f"(shape {tuple(g.shape)}, relative error {err:.2g})")
