@@ -121,13 +121,24 @@ class OneTokenLayers:
         self.path = path
         self._run: Callable[[list[torch.Tensor]], list[torch.Tensor]] = \
             cpu_aot.load_runner(path)
-        pairs = _pairs(model)
-        names = sorted(_tensors(pairs[0]))
-        self._weights = [[t[n] for n in names] for t in map(_tensors, pairs)]
-        self._check(pairs[0], model)
+        self._pairs = _pairs(model)
+        self._names = sorted(_tensors(self._pairs[0]))
+        self._signature = [(t.shape, t.dtype) for t in self._bind()[0]]
+        self._check(self._pairs[0], model)
+
+    def _bind(self) -> list[list[torch.Tensor]]:
+        """Each pair's tensors in the package's input order, as the layers hold them now
+        (``.to`` and reloads replace them: ``Linear.generation`` moves)."""
+        self._weights = [[t[n] for n in self._names] for t in map(_tensors, self._pairs)]
+        self._generation = linear.Linear.generation
+        return self._weights
 
     def __call__(self, i: int, out: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor) -> list[torch.Tensor]:
+        if self._generation != linear.Linear.generation:
+            if [(t.shape, t.dtype) for t in self._bind()[0]] != self._signature:
+                raise RuntimeError(f"{self.path.name} was compiled for other weight shapes "
+                                   "or dtypes than the layers hold now")
         return self._run([*self._weights[i], out, residual, cos, sin])
 
     def _check(self, pair: _Between, model: LlamaModel) -> None:

@@ -16,7 +16,7 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.layers import cpu_aot
-from backend.layers.linear import ONE_ROW_AOT_KERNEL
+from backend.layers.linear import ONE_ROW_AOT_KERNEL, Linear, frozen
 from backend.weights.loader import load_model_source
 from tests.backend.layers.test_cpu_aot import Counting
 
@@ -178,3 +178,23 @@ def test_without_a_cxx_compiler_the_build_fails_plainly(tmp_path):
     assert proc.stdout.startswith("LM head: failed (") and "C++ compiler" in proc.stdout
     assert "\none-token layers: failed (" in proc.stdout
     assert not list((tmp_path / "kernels").glob("*.pt2"))
+
+
+def test_the_layer_pieces_follow_the_layers_tensors(cache, monkeypatch):
+    """Weights replaced after load (``Linear.generation`` moves): the pieces read the new
+    tensors, not the ones they were bound to."""
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(cache))
+    eng = engine("auto")
+    model = eng.runner.model
+    pieces = model.one_token_layers
+    args = (torch.randn(1, model.cfg.num_attention_heads * model.cfg.head_dim),
+            torch.randn(1, model.cfg.hidden_size), model.cos_table[3:4], model.sin_table[3:4])
+    before = pieces(0, *args)
+    layer = model.layers[0]
+    layer.post_norm = frozen(layer.post_norm.detach() * 2)  # a new tensor in the layer
+    Linear.generation += 1
+    after = pieces(0, *args)
+    with torch.inference_mode():
+        want = aot_layers._Between(model.layers[0], model.layers[1])(*args)
+    assert not torch.equal(before[3], after[3])
+    torch.testing.assert_close(after[3], want[3], rtol=1e-4, atol=1e-4)
