@@ -7,14 +7,15 @@ calls, cold median over 30 calls each after a 256 MB write), µs.
 
     PYTHONPATH=. python docs/benchmarks/cpu-epyc-1205/aot-head/int4_probe.py interleaved|halves
 """
-import statistics
+import os
 import sys
 import tempfile
 import time
 
 import torch
 
-from benchmarks.quant import _cpu_time_us
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hot_cold import hot_cold  # noqa: E402
 
 G = 32
 
@@ -48,7 +49,6 @@ LAYOUTS = {"interleaved": (Interleaved, lambda qi: qi[:, 0::2] | (qi[:, 1::2] <<
            "halves": (Halves, lambda qi: qi[:, : qi.shape[1] // 2] | (qi[:, qi.shape[1] // 2:] << 4))}
 module_cls, pack = LAYOUTS[sys.argv[1]]
 torch.manual_seed(0)
-big = torch.randn(64 << 20)
 tmp = tempfile.mkdtemp()
 for N, K in [(960, 576), (576, 576), (3072, 576), (576, 1536)]:
     qi = torch.randint(0, 16, (N, K), dtype=torch.int32)
@@ -71,18 +71,7 @@ for N, K in [(960, 576), (576, 576), (3072, 576), (576, 1536)]:
     exact = x.float() @ w.t()
     e1 = ((got - exact).abs().max() / exact.abs().max()).item()
     e2 = ((ref - exact).abs().max() / exact.abs().max()).item()
-    res = {}
-    for _ in range(2):
-        for name, f in (("torch", lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(
-                            x, packed, G, sz)),
-                        ("aot", lambda: run([x, codes, scale, zero]))):
-            hot = _cpu_time_us(f, 200)
-            cold = []
-            for _ in range(30):
-                big.add_(1.0)
-                t = time.perf_counter()
-                f()
-                cold.append(time.perf_counter() - t)
-            res.setdefault(name, []).append((round(hot, 1),
-                                             round(statistics.median(cold) * 1e6, 1)))
+    res = hot_cold({"torch": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(
+                        x, packed, G, sz),
+                    "aot": lambda: run([x, codes, scale, zero])})
     print(f"{N}x{K} compile {tc:.1f}s err aot {e1:.1e} torch {e2:.1e}", res, flush=True)

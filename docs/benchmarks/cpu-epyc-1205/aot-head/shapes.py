@@ -7,18 +7,19 @@ a 256 MB write), µs.
 
     PYTHONPATH=. python docs/benchmarks/cpu-epyc-1205/aot-head/shapes.py > shapes.log
 """
-import statistics
+import os
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from backend.layers import cpu_aot
-from benchmarks.quant import _cpu_time_us
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hot_cold import hot_cold  # noqa: E402
 
 torch.manual_seed(0)
-big = torch.randn(64 << 20)
 print("torch", torch.__version__, "threads", torch.get_num_threads(),
       torch.backends.cpu.get_cpu_capability(), flush=True)
 with tempfile.TemporaryDirectory() as tmp:
@@ -30,18 +31,7 @@ with tempfile.TemporaryDirectory() as tmp:
         kernel = cpu_aot.load(Path(tmp), n, k, torch.bfloat16)
         ref = torch._weight_int8pack_mm(x, q, sc).float()
         err = ((kernel(x, q, sc).float() - ref).abs().max() / ref.abs().max()).item()
-        res = {}
-        for _ in range(2):
-            for name, f in (("torch", lambda: torch._weight_int8pack_mm(x, q, sc)),
-                            ("aot", lambda: kernel(x, q, sc))):
-                hot = _cpu_time_us(f, 200)
-                cold = []
-                for _ in range(30):
-                    big.add_(1.0)
-                    t = time.perf_counter()
-                    f()
-                    cold.append(time.perf_counter() - t)
-                res.setdefault(name, []).append((round(hot, 1),
-                                                 round(statistics.median(cold) * 1e6, 1)))
+        res = hot_cold({"torch": lambda: torch._weight_int8pack_mm(x, q, sc),
+                        "aot": lambda: kernel(x, q, sc)})
         print(f"{n}x{k} compile {seconds:.1f} s, rel. err {err:.1e}, (hot, cold) us:", res,
               flush=True)
