@@ -318,7 +318,9 @@ class LlamaModel(nn.Module):
         ``DecoderLayer.forward`` under ``EAGER``, in the same order (the same bits),
         without its per-call Python (prologue records, ``matmul``'s kernel choice, module
         calls): about 1 ms of a 12-13 ms SmolLM2 decode step at batch 1 on a 2-core CPU.
-        x: [T, hidden] embeddings -> the last block's (x, residual)."""
+        One token with the compiled layer pieces loaded takes ``_one_token_layers`` instead
+        (fused norms: not the same bits). x: [T, hidden] embeddings -> the last block's
+        (x, residual)."""
         if x.shape[0] == 1 and self.one_token_layers is not None:
             return self._one_token_layers(x, cos, sin, attn, meta)
         norm, silu_mul = EAGER.add_rms_norm, EAGER.silu_mul
