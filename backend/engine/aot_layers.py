@@ -20,11 +20,12 @@ import torch
 from torch import nn
 
 from backend import model as model_module
-from backend.layers import cpu_aot, fused_ops, gemv, linear, quantize
+from backend.layers import cpu_aot, cpu_dequant, fused_ops, gemv, linear, quantize
 from backend.model import DecoderLayer, LlamaModel
 
-# the code the traced graph comes from: the layer methods, the matmuls' CPU paths, the ops
-SOURCES = (model_module, linear, fused_ops, gemv, quantize)
+# the code the traced graph comes from: the layer methods, the matmuls' CPU paths and their
+# row thresholds, the ops
+SOURCES = (model_module, linear, cpu_dequant, fused_ops, gemv, quantize)
 
 
 class _Between(nn.Module):
