@@ -2,6 +2,8 @@
 # Ours with the compiled head GEMV (the default, the package make model built) against ours
 # with --cpu-aot-kernels off (torch's kernel) as the "peer" on port 8002, paired request by
 # request (the two servers up together, order alternating), RUNS times, under the lock.
+# Run 2026-12-05 22:09-22:12 UTC, before the compiled one-token layer pieces existed: today
+# --cpu-aot-kernels off turns those off too, so a re-run compares both against eager.
 set -u
 cd /work/main
 D=docs/benchmarks/cpu-epyc-1205/aot-head
