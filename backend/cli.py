@@ -9,7 +9,8 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from backend.engine.config import DEFAULT_MAX_PREFILL_TOKENS, PREFILL_DENSE_MAX_GIB, EngineConfig
+from backend.engine.config import (CPU_AOT_MODES, DEFAULT_MAX_PREFILL_TOKENS, MODEL_DTYPES,
+                                   PREFILL_DENSE_MAX_GIB, EngineConfig)
 from backend.schema import describe
 from backend.server.config import DEFAULT_MODEL, PROFILE_TOKEN_ENV, ServerConfig
 
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--dtype", default="auto", choices=MODEL_DTYPES)
     p.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one step")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="token budget of one step (decodes first, then prefill chunks)")
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="GiB",
                    help="memory the weight copies may take under "
                         "--prefill-dense-weights auto (default: %(default)s)")
-    p.add_argument("--cpu-aot-kernels", default="auto", choices=("auto", "build", "off"),
+    p.add_argument("--cpu-aot-kernels", default="auto", choices=CPU_AOT_MODES,
                    help="one-token CPU steps through code compiled ahead of time, kept in the "
                         "weights cache (the int8 LM head's GEMV, the quantised layers' work "
                         "between attention calls): auto = where built (make model; python -m "

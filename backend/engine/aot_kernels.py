@@ -10,8 +10,10 @@ once) or runs the eager path (``off``, and wherever no package loads);
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -23,7 +25,7 @@ from backend.weights.paths import cache_root
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "build", "off")
+T = TypeVar("T")
 BUILD_HINT = "python -m backend.engine.build_kernels --model MODEL builds it"
 
 
@@ -58,33 +60,45 @@ def attach(model: LlamaModel, mode: str) -> AotKernels:
     return replace(head, layers=attach_layers(model, mode))
 
 
+def _status(status: str, reason: str = "", path: Path | None = None,
+            seconds: float | None = None) -> dict:
+    return {"status": status, "reason": reason, "path": None if path is None else str(path),
+            "build_seconds": None if seconds is None else round(seconds, 2)}
+
+
+def _load_or_build(what: str, path: Path, mode: str, build: Callable[[], float],
+                   load: Callable[[], T]) -> tuple[T | None, dict]:
+    """The package at ``path`` loaded (``load`` also checks it), compiled first where it is
+    missing and ``mode`` is build: (what ``load`` gave or None, its ``_status``)."""
+    seconds = None
+    try:
+        if not path.is_file() and mode == "build":
+            log.info("compiling %s ahead of time into %s (once per machine)", what,
+                     path.parent)
+            seconds = build()
+            log.info("compiled in %.1f s", seconds)
+        if not path.is_file():
+            log.info("%s: eager, no %s (%s)", what, path.name, BUILD_HINT)
+            return None, _status("not built", f"no {path.name} in {path.parent}; {BUILD_HINT}")
+        loaded = load()
+    except Exception as exc:  # a compiler missing, a package from elsewhere: eager
+        log.warning("%s is not used: %s", what, exc)
+        return None, _status("failed", str(exc)[:500], seconds=seconds)
+    return loaded, _status("built" if seconds is not None else "loaded", "", path, seconds)
+
+
 def attach_layers(model: LlamaModel, mode: str) -> dict:
     model.one_token_layers = None
     if mode == "off":
-        return {"status": "off", "reason": "--cpu-aot-kernels off", "path": None,
-                "build_seconds": None}
+        return _status("off", "--cpu-aot-kernels off")
     why = aot_layers.unusable(model)
     if why is not None:
-        return {"status": "not used", "reason": why, "path": None, "build_seconds": None}
-    directory, seconds = kernels_dir(), None
-    path = aot_layers.package_path(model, directory)
-    try:
-        if not path.is_file() and mode == "build":
-            log.info("compiling the one-token layer pieces ahead of time into %s (once per "
-                     "machine and layer code)", directory)
-            _, seconds = aot_layers.build(model, directory)
-            log.info("compiled in %.1f s", seconds)
-        if not path.is_file():
-            log.info("one-token steps run the eager layers: no %s (%s)", path.name, BUILD_HINT)
-            return {"status": "not built", "reason": f"no {path.name} in {directory}; "
-                    f"{BUILD_HINT}", "path": None, "build_seconds": None}
-        model.one_token_layers = aot_layers.OneTokenLayers(path, model)
-    except Exception as exc:  # as for the head: the eager layers serve
-        log.warning("the compiled one-token layer pieces are not used: %s", exc)
-        return {"status": "failed", "reason": str(exc)[:500], "path": None,
-                "build_seconds": None if seconds is None else round(seconds, 2)}
-    return {"status": "built" if seconds is not None else "loaded", "reason": "",
-            "path": str(path), "build_seconds": None if seconds is None else round(seconds, 2)}
+        return _status("not used", why)
+    path = aot_layers.package_path(model, kernels_dir())
+    model.one_token_layers, status = _load_or_build(
+        "the one-token layer pieces", path, mode, lambda: aot_layers.build(model, path),
+        lambda: aot_layers.OneTokenLayers(path, model))
+    return status
 
 
 def attach_head(model: LlamaModel, mode: str) -> AotKernels:
@@ -98,37 +112,24 @@ def attach_head(model: LlamaModel, mode: str) -> AotKernels:
         # torch.compile cannot trace into the package: the compiled head runs torch's kernel
         head.one_row = None
         return AotKernels(mode, "not used", "--compile: the compiled head runs torch's kernel")
-    n, k = head.weight_shape
-    directory, seconds = kernels_dir(), None
-    try:
-        kernel = cpu_aot.load(directory, n, k, head.dtype)
-        if kernel is None and mode == "build":
-            log.info("compiling the LM head's one-row int8 GEMV (%d x %d) ahead of time "
-                     "into %s (once per machine)", n, k, directory)
-            _, seconds = cpu_aot.build(directory, n, k, head.dtype)
-            log.info("compiled in %.1f s", seconds)
-            kernel = cpu_aot.load(directory, n, k, head.dtype)
-        if kernel is None:
-            name = cpu_aot.package_name(n, k, head.dtype)
-            log.info("the LM head runs torch's int8 kernel: no %s in %s (%s)", name, directory,
-                     BUILD_HINT)
-            return AotKernels(mode, "not built", f"no {name} in {directory}; {BUILD_HINT}")
-        _check(kernel, head)
-    except Exception as exc:  # a compiler missing, a package from elsewhere: torch's kernel
-        log.warning("the LM head's compiled GEMV is not used: %s", exc)
-        return AotKernels(mode, "failed", str(exc)[:500], build_seconds=seconds)
-    head.one_row = kernel
-    return AotKernels(mode, "built" if seconds is not None else "loaded", "", str(kernel.path),
-                      None if seconds is None else round(seconds, 2))
+    (n, k), dtype, directory = head.weight_shape, head.dtype, kernels_dir()
+    head.one_row, status = _load_or_build(
+        f"the LM head's one-row int8 GEMV ({n} x {k})",
+        directory / cpu_aot.package_name(n, k, dtype), mode,
+        lambda: cpu_aot.build(directory, n, k, dtype)[1],
+        lambda: _checked(cpu_aot.load(directory, n, k, dtype), head))
+    return AotKernels(mode, status["status"], status["reason"], status["path"],
+                      status["build_seconds"])
 
 
-def _check(kernel: cpu_aot.OneRowInt8, head: Int8Linear) -> None:
+def _checked(kernel: cpu_aot.OneRowInt8, head: Int8Linear) -> cpu_aot.OneRowInt8:
     """The package against torch's kernel on the head's own weights, one random row."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, head.in_features, generator=gen).to(head.dtype)
-    got = kernel(x, head.q, head.scale).float()
-    want = torch._weight_int8pack_mm(x, head.q, head.scale).float()
-    err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
+    got = kernel(x, head.q, head.scale)
+    want = torch._weight_int8pack_mm(x, head.q, head.scale)
+    err = cpu_aot.relative_error(got, want)
     if got.shape != want.shape or not err <= 2e-2:
         raise RuntimeError(f"{kernel.path.name} disagrees with torch's int8 kernel "
                            f"(shape {tuple(got.shape)}, relative error {err:.2g})")
+    return kernel

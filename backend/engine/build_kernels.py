@@ -11,12 +11,10 @@ import logging
 import sys
 
 from backend.engine import aot_kernels
-from backend.engine.config import INT4_GROUP_SIZES, EngineConfig
+from backend.engine.config import INT4_GROUP_SIZES, MODEL_DTYPES, EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.layers.linear import LM_HEAD_DTYPES, WEIGHT_DTYPES
 from backend.weights.loader import load_model_source
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
                     "head's one-row GEMV, the one-token layer pieces) into "
                     f"{aot_kernels.kernels_dir()}.")
     parser.add_argument("--model", required=True, help="a preset name or a path, as the backend")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES)
+    parser.add_argument("--dtype", default="auto", choices=MODEL_DTYPES)
     parser.add_argument("--weights-dtype", default="auto", choices=WEIGHT_DTYPES)
     parser.add_argument("--lm-head-dtype", default="auto", choices=("auto", *LM_HEAD_DTYPES))
     parser.add_argument("--int4-group-size", type=int, default=32, choices=INT4_GROUP_SIZES)

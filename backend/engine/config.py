@@ -27,8 +27,11 @@ def prefill_budget(max_prefill_tokens: int | None, max_num_batched_tokens: int) 
     whole budget (the scheduler and the config resolve an unset budget here alike)."""
     return max_prefill_tokens or min(DEFAULT_MAX_PREFILL_TOKENS, max_num_batched_tokens)
 
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+CPU_AOT_MODES = ("auto", "build", "off")
+
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "dtype": MODEL_DTYPES,
     "kv_cache_dtype": ("auto", "int8", "fp8_e4m3"),
     "weights_dtype": ("auto", "bf16", "fp16", "fp32", "int8", "int4", "fp8"),
     "lm_head_dtype": ("auto", "model", "int8", "int4"),
@@ -36,7 +39,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "weights_scaling": ("activation", "none"),
     "scheduling": ("continuous", "static"),
     "attention": ("auto", "triton", "sdpa", "math"),
-    "cpu_aot_kernels": ("auto", "build", "off"),
+    "cpu_aot_kernels": CPU_AOT_MODES,
 }
 
 

@@ -69,8 +69,8 @@ class OneRowInt8:
     it was built for (the caller checks ``accepts``; the compiled code does not check its
     inputs' shapes or strides)."""
 
-    def __init__(self, path: Path, n: int, k: int, dtype: torch.dtype) -> None:
-        self.path, self.shape, self.dtype = path, (n, k), dtype
+    def __init__(self, path: Path, dtype: torch.dtype) -> None:
+        self.path, self.dtype = path, dtype
         self._run = load_runner(path)
 
     def accepts(self, x: torch.Tensor) -> bool:
@@ -79,6 +79,12 @@ class OneRowInt8:
 
     def __call__(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return self._run([x, q, scale])[0]  # [1, N]
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want| (a package's check against the path it replaces)."""
+    got, want = got.float(), want.float()
+    return (got - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
 
 
 def load_runner(path: Path) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
@@ -99,7 +105,7 @@ def load(directory: Path, n: int, k: int, dtype: torch.dtype) -> OneRowInt8 | No
     path = Path(directory) / package_name(n, k, dtype)
     if not path.is_file():
         return None
-    return OneRowInt8(path, n, k, dtype)
+    return OneRowInt8(path, dtype)
 
 
 def compile_package(path: Path, module: nn.Module, args: tuple) -> float:
