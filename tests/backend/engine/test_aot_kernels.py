@@ -30,6 +30,15 @@ def engine(mode: str) -> LLMEngine:
                                   max_model_len=128, **FLAGS), load_model_source(MODEL))
 
 
+def build_command(cache, **env: str) -> subprocess.CompletedProcess:
+    """``python -m backend.engine.build_kernels`` for MODEL with FLAGS into ``cache``."""
+    flags = [a for k, v in FLAGS.items() for a in (f"--{k.replace('_', '-')}", v)]
+    return subprocess.run(
+        [sys.executable, "-m", "backend.engine.build_kernels", "--model", MODEL, *flags],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, FIRSTTOKEN_CACHE=str(cache), **env))
+
+
 def greedy(eng: LLMEngine) -> list[list[int]]:
     # one prompt at a time: every decode step's head call is one row
     return [eng.generate([p], SamplingParams(max_tokens=12, ignore_eos=True, temperature=0))[0]
@@ -50,11 +59,7 @@ def cache(tmp_path_factory):
         assert "python -m backend.engine.build_kernels" in s.cpu_aot_kernels["reason"]
         assert s.lm_head_kernel == "torch._weight_int8pack_mm"
         del before
-        proc = subprocess.run(
-            [sys.executable, "-m", "backend.engine.build_kernels", "--model", MODEL,
-             "--weights-dtype", "int4", "--lm-head-dtype", "int8", "--dtype", "float32"],
-            capture_output=True, text=True, timeout=300,
-            env=dict(os.environ, FIRSTTOKEN_CACHE=str(root)))
+        proc = build_command(root)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.startswith("LM head: built: "), proc.stdout
         assert "\none-token layers: built: " in proc.stdout, proc.stdout
@@ -93,11 +98,7 @@ def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
     assert greedy(eng) == eager_tokens
     assert calls == [0] * (2 * 11)  # 11 decode steps a prompt; the prefill runs eager
     # the build command again: nothing to compile
-    proc = subprocess.run(
-        [sys.executable, "-m", "backend.engine.build_kernels", "--model", MODEL,
-         "--weights-dtype", "int4", "--lm-head-dtype", "int8", "--dtype", "float32"],
-        capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, FIRSTTOKEN_CACHE=str(root)))
+    proc = build_command(root)
     assert proc.returncode == 0 and proc.stdout.startswith("LM head: loaded: "), proc.stdout
     assert "\none-token layers: loaded: " in proc.stdout, proc.stdout
 
@@ -169,11 +170,7 @@ def test_kernels_live_in_the_weights_cache(monkeypatch, tmp_path):
 
 
 def test_without_a_cxx_compiler_the_build_fails_plainly(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "backend.engine.build_kernels", "--model", MODEL,
-         "--weights-dtype", "int4", "--lm-head-dtype", "int8", "--dtype", "float32"],
-        capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, FIRSTTOKEN_CACHE=str(tmp_path), CXX=str(tmp_path / "no-g++")))
+    proc = build_command(tmp_path, CXX=str(tmp_path / "no-g++"))
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     assert proc.stdout.startswith("LM head: failed (") and "C++ compiler" in proc.stdout
     assert "\none-token layers: failed (" in proc.stdout
