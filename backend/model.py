@@ -19,7 +19,7 @@ kernels), or the pieces between attention calls are torch.compiled (``use_step_o
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -147,6 +147,16 @@ class DecoderLayer(nn.Module):
         yield f"{prefix}.mlp.gate_proj.weight", LinearRows(self.gate_up, slice(0, inter))
         yield f"{prefix}.mlp.up_proj.weight", LinearRows(self.gate_up, slice(inter, 2 * inter))
         yield f"{prefix}.mlp.down_proj.weight", LinearRows(self.down)
+
+
+class LayerPieces(Protocol):
+    """Compiled work between attention calls for steps of up to ``max_rows`` rows
+    (``backend.engine.aot_layers.LayerPieces``)."""
+
+    max_rows: int
+
+    def __call__(self, i: int, out: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> list[torch.Tensor]: ...
 
 
 class LlamaModel(nn.Module):
@@ -318,11 +328,13 @@ class LlamaModel(nn.Module):
         ``DecoderLayer.forward`` under ``EAGER``, in the same order (the same bits),
         without its per-call Python (prologue records, ``matmul``'s kernel choice, module
         calls): about 1 ms of a 12-13 ms SmolLM2 decode step at batch 1 on a 2-core CPU.
-        One token with the compiled layer pieces loaded takes ``_one_token_layers`` instead
-        (fused norms: not the same bits). x: [T, hidden] embeddings -> the last block's
-        (x, residual)."""
-        if x.shape[0] == 1 and self.one_token_layers is not None:
-            return self._one_token_layers(x, cos, sin, attn, meta)
+        A step of few rows with the compiled layer pieces loaded takes ``_piecewise_layers``
+        instead (fused norms: not the same bits). x: [T, hidden] embeddings -> the last
+        block's (x, residual)."""
+        rows = x.shape[0]
+        pieces = self.one_token_layers if rows == 1 else self.few_rows_layers
+        if pieces is not None and (rows == 1 or rows <= pieces.max_rows):
+            return self._piecewise_layers(pieces, x, cos, sin, attn, meta)
         norm, silu_mul = EAGER.add_rms_norm, EAGER.silu_mul
         residual = None
         for i, (layer, qkv, o, gate_up, down) in enumerate(self._matmuls(x.shape[0])):
@@ -334,19 +346,20 @@ class LlamaModel(nn.Module):
             x = down(silu_mul(gate_up(h)))
         return x, residual
 
-    # On the CPU, the work between two attention calls of a one-token step as one compiled
+    # On the CPU, the work between two attention calls of a step of few rows as one compiled
     # call, where the engine loaded one (``backend.engine.aot_layers``): (i, attention
-    # output of layer i, residual, cos, sin) -> layer i + 1's q, k, v and residual
+    # output of layer i, residual, cos, sin) -> layer i + 1's q, k, v and residual; one
+    # for one-row steps, one for 2 .. its ``max_rows`` rows
     one_token_layers: Callable[..., list[torch.Tensor]] | None = None
+    few_rows_layers: LayerPieces | None = None
 
-    def _one_token_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                          attn: Attention, meta: AttentionMetadata
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_eager_layers`` for one token: the first layer's norm and q|k|v and the last
-        layer's MLP eager, everything between two attention calls compiled."""
+    def _piecewise_layers(self, between: Callable[..., list[torch.Tensor]], x: torch.Tensor,
+                          cos: torch.Tensor, sin: torch.Tensor, attn: Attention,
+                          meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_eager_layers`` through compiled pieces: the first layer's norm and q|k|v and
+        the last layer's MLP eager, everything between two attention calls ``between``."""
         last = len(self.layers) - 1
         q, k, v, residual = self.layers[0].pre_attention(x, None, cos, sin)
-        between = self.one_token_layers
         for i in range(last):
             with stage("attention"):
                 out = attn.forward(i, q, k, v, meta)

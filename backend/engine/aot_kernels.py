@@ -1,6 +1,7 @@
 """The CPU code the engine runs compiled ahead of time (``backend.layers.cpu_aot``) in
-one-token steps: the int8 LM head's one-row GEMV and the quantised layers' work between
-attention calls (``backend.engine.aot_layers``). Packages live in the weights cache,
+steps of few rows: the int8 LM head's one-row GEMV and the quantised layers' work between
+attention calls (``backend.engine.aot_layers``: one package for one-row steps, one for
+steps of 2 up to 8 rows (int4; 3 for int8)). Packages live in the weights cache,
 ``$FIRSTTOKEN_CACHE/kernels`` (default ``~/.cache/firsttoken/kernels``), one per shape and
 machine; ``make model`` builds the embedded model's. At start the engine loads a package
 that is there (``--cpu-aot-kernels auto``), compiles a missing one first (``build``, 10-40 s
@@ -32,8 +33,9 @@ BUILD_HINT = "python -m backend.engine.build_kernels --model MODEL builds it"
 @dataclass(frozen=True)
 class AotKernels:
     """What became of the LM head's compiled one-row kernel (``/health``), and in
-    ``layers`` of the one-token layer pieces (``backend.engine.aot_layers``), the same
-    fields: {"status", "reason", "path", "build_seconds"}."""
+    ``layers`` / ``few_rows_layers`` of the layer pieces for one-row steps / steps of 2 to
+    ``rows`` rows (``backend.engine.aot_layers``), the same fields: {"status", "reason",
+    "path", "build_seconds"} (and "rows": [first, last] for the second)."""
 
     mode: str  # --cpu-aot-kernels
     lm_head: str  # loaded, built, not built, not used, off, failed
@@ -41,6 +43,7 @@ class AotKernels:
     path: str | None = None
     build_seconds: float | None = None
     layers: dict = field(default_factory=dict)
+    few_rows_layers: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -57,7 +60,8 @@ def attach(model: LlamaModel, mode: str) -> AotKernels:
     differs from the eager path's on the model's own weights, is not used (the engine runs
     the eager path and says why)."""
     head = attach_head(model, mode)
-    return replace(head, layers=attach_layers(model, mode))
+    one, few = attach_layers(model, mode)
+    return replace(head, layers=one, few_rows_layers=few)
 
 
 def _status(status: str, reason: str = "", path: Path | None = None,
@@ -87,18 +91,30 @@ def _load_or_build(what: str, path: Path, mode: str, build: Callable[[], float],
     return loaded, _status("built" if seconds is not None else "loaded", "", path, seconds)
 
 
-def attach_layers(model: LlamaModel, mode: str) -> dict:
-    model.one_token_layers = None
+def attach_layers(model: LlamaModel, mode: str) -> tuple[dict, dict]:
+    """The layer pieces for one-row steps and for steps of 2+ rows: their ``_status``."""
+    model.one_token_layers = model.few_rows_layers = None
     if mode == "off":
-        return _status("off", "--cpu-aot-kernels off")
+        off = _status("off", "--cpu-aot-kernels off")
+        return off, off
     why = aot_layers.unusable(model)
     if why is not None:
-        return _status("not used", why)
-    path = aot_layers.package_path(model, kernels_dir())
-    model.one_token_layers, status = _load_or_build(
-        "the one-token layer pieces", path, mode, lambda: aot_layers.build(model, path),
-        lambda: aot_layers.OneTokenLayers(path, model))
-    return status
+        return _status("not used", why), _status("not used", why)
+    found = []
+    for rows in aot_layers.row_ranges(model):
+        path = aot_layers.package_path(model, kernels_dir(), rows)
+        span = "one row" if rows == (1, 1) else f"{rows[0]}-{rows[1]} rows"
+        pieces, status = _load_or_build(
+            f"the layer pieces ({span})", path, mode,
+            lambda r=rows, p=path: aot_layers.build(model, p, r),
+            lambda r=rows, p=path: aot_layers.LayerPieces(p, model, r))
+        found.append((rows, pieces, status))
+    model.one_token_layers = found[0][1]
+    one = found[0][2]
+    if len(found) < 2:
+        return one, _status("not used", "the layers switch to their dense copies from 2 rows")
+    rows, model.few_rows_layers, few = found[1]
+    return one, {**few, "rows": list(rows)}
 
 
 def attach_head(model: LlamaModel, mode: str) -> AotKernels:

@@ -1,10 +1,15 @@
-"""The CPU's work between two attention calls at one token (layer i's o, add + RMSNorm,
-gate|up, SiLU·mul and down, then layer i + 1's add + RMSNorm, q|k|v and RoPE), compiled ahead
-of time (``backend.layers.cpu_aot``) into one package that serves every pair of layers: their
-weights are its inputs. A batch-1 decode step on the CPU runs ~15 torch ops a layer, each
-paying Python and dispatch, around matmuls of a few dozen µs; the compiled piece runs them as
-one call with the elementwise work fused (SmolLM2's 29 pairs, ad hoc on a 2-core VM: about
-half the time of the same calls eager).
+"""The CPU's work between two attention calls of a step of few rows (layer i's o, add +
+RMSNorm, gate|up, SiLU·mul and down, then layer i + 1's add + RMSNorm, q|k|v and RoPE),
+compiled ahead of time (``backend.layers.cpu_aot``) into a package that serves every pair of
+layers: their weights are its inputs. A decode step on the CPU runs ~15 torch ops a layer,
+each paying Python and dispatch, around matmuls of a few dozen µs; the compiled piece runs
+them as one call with the elementwise work fused (SmolLM2's 29 pairs, ad hoc on a 2-core VM:
+about half the time of the same calls eager at one row, 3.4-4.4 ms less at 2-8 rows).
+
+Two packages per model: one for one-row steps (batch-1 decode), compiled for exactly one row,
+and one for 2 up to the rows from which the quantised layers switch to their dense copies
+(``cpu_dequant.few_rows_limit``: 8 for int4, 3 for int8), compiled with the row count
+dynamic (at one row that form cost ~4 % more, hence two).
 
 The package bakes in today's layer code, so its name carries a digest of the sources it was
 traced from, beside the shapes, dtypes, torch build and CPU: a change to any of them makes
@@ -18,6 +23,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.export import Dim
 
 from backend import model as model_module
 from backend.layers import cpu_aot, cpu_dequant, fused_ops, gemv, linear, quantize
@@ -66,7 +72,7 @@ def _pairs(model: LlamaModel) -> list[_Between]:
 
 
 def unusable(model: LlamaModel) -> str | None:
-    """Why this model's one-token steps cannot run the compiled pieces, or None."""
+    """Why this model's steps of few rows cannot run the compiled pieces, or None."""
     if model.device.type != "cpu":
         return "the CPU's eager step only"
     if model.compiled_pieces or model.ops is not model_module.EAGER or not model.flat_eager:
@@ -81,9 +87,17 @@ def unusable(model: LlamaModel) -> str | None:
     return None
 
 
-def package_path(model: LlamaModel, directory: Path) -> Path:
-    """The package for this model's layer shapes, formats and dtype, the layer code of this
-    tree, the torch build and the CPU."""
+def row_ranges(model: LlamaModel) -> list[tuple[int, int]]:
+    """The packages' row ranges (first, last) for this model's layers: one row, then 2 up
+    to the last row before the layers switch kernels (none where that is 1)."""
+    kind = "int4" if isinstance(model.layers[0].qkv, linear.Int4Linear) else "int8"
+    last = cpu_dequant.few_rows_limit(kind) - 1
+    return [(1, 1)] + ([(2, last)] if last >= 2 else [])
+
+
+def package_path(model: LlamaModel, directory: Path, rows: tuple[int, int] = (1, 1)) -> Path:
+    """The package for this model's layer shapes, formats and dtype at ``rows`` (first,
+    last), the layer code of this tree, the torch build and the CPU."""
     h = hashlib.sha256()
     for name, t in sorted(_tensors(_pairs(model)[0]).items()):
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
@@ -92,38 +106,59 @@ def package_path(model: LlamaModel, directory: Path) -> Path:
              f"{cfg.head_dim}|{cfg.rms_norm_eps}|{torch.__version__}|".encode())
     for module in SOURCES:
         h.update(Path(module.__file__).read_bytes())
-    return Path(directory) / f"layers-one-token-{h.hexdigest()[:16]}-{cpu_aot.cpu_tag()}.pt2"
+    kind = "one-token" if rows == (1, 1) else f"rows-{rows[0]}-{rows[1]}"
+    return Path(directory) / f"layers-{kind}-{h.hexdigest()[:16]}-{cpu_aot.cpu_tag()}.pt2"
 
 
-def _example(model: LlamaModel) -> tuple[torch.Tensor, ...]:
+def _example(model: LlamaModel, rows: int = 1) -> tuple[torch.Tensor, ...]:
     cfg, dt = model.cfg, model.dtype
     gen = torch.Generator().manual_seed(0)
-    out = torch.randn(1, cfg.num_attention_heads * cfg.head_dim, generator=gen).to(dt)
-    residual = torch.randn(1, cfg.hidden_size, generator=gen).to(dt)
-    return out, residual, model.cos_table[7:8], model.sin_table[7:8]
+    out = torch.randn(rows, cfg.num_attention_heads * cfg.head_dim, generator=gen).to(dt)
+    residual = torch.randn(rows, cfg.hidden_size, generator=gen).to(dt)
+    return out, residual, model.cos_table[7:7 + rows], model.sin_table[7:7 + rows]
 
 
-def build(model: LlamaModel, path: Path) -> float:
-    """Compiles the package for this model (``package_path``) into ``path``; the seconds."""
+def build(model: LlamaModel, path: Path, rows: tuple[int, int] = (1, 1)) -> float:
+    """Compiles the package for this model at ``rows`` (``package_path``) into ``path``;
+    the seconds."""
     pair = _pairs(model)[0]
     tensors = _tensors(pair)
     names = sorted(tensors)
-    return cpu_aot.compile_package(path, _Lifted(pair, names).eval(),
-                                   (*(tensors[n] for n in names), *_example(model)))
+    first, last = rows
+    dynamic = None
+    if last > first:  # the activations' row count a symbol in [first, last]
+        dim = Dim("rows", min=first, max=last)
+        dynamic = {"args": (*(None for _ in names), *({0: dim} for _ in range(4)))}
+    # the dense copies the layers may keep are not inputs, and export cannot lift them as
+    # constants (oneDNN's opaque layout): set aside while tracing
+    kept = [(m, m.prefill_weight) for m in pair.modules()
+            if isinstance(m, linear.Linear) and getattr(m, "prefill_weight", None) is not None]
+    try:
+        for m, _ in kept:
+            m.prefill_weight = None
+        return cpu_aot.compile_package(
+            path, _Lifted(pair, names).eval(),
+            (*(tensors[n] for n in names), *_example(model, last)), dynamic)
+    finally:
+        for m, copy in kept:
+            m.prefill_weight = copy
 
 
-class OneTokenLayers:
-    """``layers(i, out, residual, cos, sin)``: between attention calls i and i + 1 of a
-    one-token step -> (q, k, v, residual) of layer i + 1, through the package."""
+class LayerPieces:
+    """``pieces(i, out, residual, cos, sin)``: between attention calls i and i + 1 of a step
+    of ``rows`` (first, last) rows -> (q, k, v, residual) of layer i + 1, through the
+    package."""
 
-    def __init__(self, path: Path, model: LlamaModel) -> None:
-        self.path = path
+    def __init__(self, path: Path, model: LlamaModel, rows: tuple[int, int] = (1, 1)) -> None:
+        self.path, self.rows = path, rows
+        self.max_rows = rows[1]
         self._run: Callable[[list[torch.Tensor]], list[torch.Tensor]] = \
             cpu_aot.load_runner(path)
         self._pairs = _pairs(model)
         self._names = sorted(_tensors(self._pairs[0]))
         self._signature = [(t.shape, t.dtype) for t in self._bind()[0]]
-        self._check(self._pairs[0], model)
+        for n in sorted(set(rows)):
+            self._check(self._pairs[0], model, n)
 
     def _bind(self) -> list[list[torch.Tensor]]:
         """Each pair's tensors in the package's input order, as the layers hold them now
@@ -140,14 +175,15 @@ class OneTokenLayers:
                                    "or dtypes than the layers hold now")
         return self._run([*self._weights[i], out, residual, cos, sin])
 
-    def _check(self, pair: _Between, model: LlamaModel) -> None:
+    def _check(self, pair: _Between, model: LlamaModel, rows: int) -> None:
         """The package against the eager calls on the first pair's own weights."""
-        args = _example(model)
+        args = _example(model, rows)
         with torch.inference_mode():
             want = pair(*args)
             got = self(0, *args)
         for g, w in zip(got, want):
             err = cpu_aot.relative_error(g, w)
             if g.shape != w.shape or not err <= 5e-2:
-                raise RuntimeError(f"{self.path.name} disagrees with the eager layers "
-                                   f"(shape {tuple(g.shape)}, relative error {err:.2g})")
+                raise RuntimeError(f"{self.path.name} disagrees with the eager layers at "
+                                   f"{rows} rows (shape {tuple(g.shape)}, relative error "
+                                   f"{err:.2g})")

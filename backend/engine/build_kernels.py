@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m backend.engine.build_kernels",
         description="Compile the CPU kernels the backend would load for a model (the int8 LM "
-                    "head's one-row GEMV, the one-token layer pieces) into "
+                    "head's one-row GEMV, the layer pieces for steps of few rows) into "
                     f"{aot_kernels.kernels_dir()}.")
     parser.add_argument("--model", required=True, help="a preset name or a path, as the backend")
     parser.add_argument("--dtype", default="auto", choices=MODEL_DTYPES)
@@ -36,13 +36,16 @@ def main(argv: list[str] | None = None) -> int:
                           max_num_seqs=1, max_model_len=64, prefill_dense_weights="off",
                           cpu_aot_kernels="build")
     result = LLMEngine(config, load_model_source(args.model)).runner.aot_kernels
-    layers = result.layers
     print(f"LM head: {result.lm_head}" + (f" ({result.reason})" if result.reason else "")
           + (f": {result.path}" if result.path else ""))
-    print(f"one-token layers: {layers['status']}"
-          + (f" ({layers['reason']})" if layers["reason"] else "")
-          + (f": {layers['path']}" if layers["path"] else ""))
-    return 1 if "failed" in (result.lm_head, layers["status"]) else 0
+    few = result.few_rows_layers
+    span = f"{few['rows'][0]}-{few['rows'][1]}-row" if "rows" in few else "few-row"
+    for name, layers in (("one-token layers", result.layers), (f"{span} layers", few)):
+        print(f"{name}: {layers['status']}"
+              + (f" ({layers['reason']})" if layers["reason"] else "")
+              + (f": {layers['path']}" if layers["path"] else ""))
+    statuses = (result.lm_head, result.layers["status"], few["status"])
+    return 1 if "failed" in statuses else 0
 
 
 if __name__ == "__main__":

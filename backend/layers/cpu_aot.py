@@ -108,10 +108,12 @@ def load(directory: Path, n: int, k: int, dtype: torch.dtype) -> OneRowInt8 | No
     return OneRowInt8(path, dtype)
 
 
-def compile_package(path: Path, module: nn.Module, args: tuple) -> float:
-    """Exports ``module`` at ``args`` and compiles it into the package ``path`` (a no-op when
-    another process built it meanwhile); the seconds spent. Raises where torch cannot
-    compile (no C++ compiler, an unsupported platform, an untraceable module)."""
+def compile_package(path: Path, module: nn.Module, args: tuple,
+                    dynamic_shapes: dict | None = None) -> float:
+    """Exports ``module`` at ``args`` (``dynamic_shapes`` as ``torch.export.export`` takes
+    them) and compiles it into the package ``path`` (a no-op when another process built it
+    meanwhile); the seconds spent. Raises where torch cannot compile (no C++ compiler, an
+    unsupported platform, an untraceable module)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with open(path.parent / ".build.lock", "w") as lock:
@@ -119,7 +121,8 @@ def compile_package(path: Path, module: nn.Module, args: tuple) -> float:
         if path.is_file():
             return time.perf_counter() - t0
         from torch._inductor import aoti_compile_and_package
-        program = torch.export.export(module, args, strict=False)
+        program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes,
+                                      strict=False)
         # (inductor wants the .pt2 suffix on the file it writes)
         partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")
         try:

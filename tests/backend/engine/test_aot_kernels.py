@@ -1,7 +1,8 @@
-"""The engine and the int8 LM head's compiled one-row GEMV: built by
+"""The engine and its CPU code compiled ahead of time (the int8 LM head's one-row GEMV, the
+layer pieces for one-row steps and for steps of 2-8 rows): built by
 ``python -m backend.engine.build_kernels`` into the weights cache, loaded by later engines
-(``--cpu-aot-kernels auto``) with the same greedy tokens as torch's kernel, and refused, with
-the reason in the stats, where it is missing, off, unreadable or wrong."""
+(``--cpu-aot-kernels auto``) with the eager path's greedy tokens, and refused, with the
+reason in the stats, where they are missing, off, unreadable or wrong."""
 from __future__ import annotations
 
 import os
@@ -63,6 +64,7 @@ def cache(tmp_path_factory):
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.startswith("LM head: built: "), proc.stdout
         assert "\none-token layers: built: " in proc.stdout, proc.stdout
+        assert "\n2-8-row layers: built: " in proc.stdout, proc.stdout
         yield root
     finally:
         mp.undo()
@@ -76,12 +78,15 @@ def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
     packages = sorted((root / "kernels").glob("*.pt2"))
     gemv = root / "kernels" / cpu_aot.package_name(*head.weight_shape, torch.float32)
     pieces = aot_layers.package_path(eng.runner.model, root / "kernels")
-    assert packages == sorted([gemv, pieces])
+    few = aot_layers.package_path(eng.runner.model, root / "kernels", (2, 8))
+    assert packages == sorted([gemv, pieces, few])
     s = eng.stats()
     assert s.cpu_aot_kernels == {
         "mode": "auto", "lm_head": "loaded", "reason": "", "path": str(gemv),
         "build_seconds": None, "layers": {"status": "loaded", "reason": "",
-                                          "path": str(pieces), "build_seconds": None}}
+                                          "path": str(pieces), "build_seconds": None},
+        "few_rows_layers": {"status": "loaded", "reason": "", "path": str(few),
+                            "build_seconds": None, "rows": [2, 8]}}
     assert s.lm_head_kernel == ONE_ROW_AOT_KERNEL
     kernel, head.one_row = head.one_row, None
     tokens = greedy(eng)  # torch's kernel, same weights
@@ -97,10 +102,20 @@ def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
     model.one_token_layers = lambda *a: calls.append(a[0]) or pieces_fn(*a)
     assert greedy(eng) == eager_tokens
     assert calls == [0] * (2 * 11)  # 11 decode steps a prompt; the prefill runs eager
+    # steps of 2-8 rows: both prompts at once (decodes at batch 2, the 3- and 5-token
+    # prefills) through the other package, with the eager layers' tokens
+    few_fn, model.few_rows_layers = model.few_rows_layers, None
+    params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0)
+    eager_pair = eng.generate(PROMPTS, params)
+    model.few_rows_layers = spy_few = Counting(few_fn)
+    spy_few.max_rows = few_fn.max_rows
+    assert eng.generate(PROMPTS, params) == eager_pair
+    assert spy_few.calls == 1 + 11  # the 8-token prefill step, 11 decode steps at batch 2
     # the build command again: nothing to compile
     proc = build_command(root)
     assert proc.returncode == 0 and proc.stdout.startswith("LM head: loaded: "), proc.stdout
     assert "\none-token layers: loaded: " in proc.stdout, proc.stdout
+    assert "\n2-8-row layers: loaded: " in proc.stdout, proc.stdout
 
 
 def test_off_and_heads_without_one_run_torchs_kernels(cache, monkeypatch):
@@ -124,22 +139,28 @@ def test_off_and_heads_without_one_run_torchs_kernels(cache, monkeypatch):
     assert (s.cpu_aot_kernels["lm_head"], s.lm_head_format) == ("not used", "fp32")
     assert "int8 LM head" in s.cpu_aot_kernels["reason"]
     assert s.cpu_aot_kernels["layers"]["status"] == "not used"  # dense layers run eager
+    assert s.cpu_aot_kernels["few_rows_layers"]["status"] == "not used"
     assert dense.runner.model.one_token_layers is None
+    assert dense.runner.model.few_rows_layers is None
     assert off.stats().cpu_aot_kernels["layers"]["status"] == "off"
+    assert off.stats().cpu_aot_kernels["few_rows_layers"]["status"] == "off"
     assert off.runner.model.one_token_layers is None
+    assert off.runner.model.few_rows_layers is None
 
 
 def test_a_package_that_does_not_load_or_disagrees_is_not_used(cache, tmp_path, monkeypatch):
     root = cache
     (tmp_path / "kernels").mkdir()
-    for built in (root / "kernels").glob("*.pt2"):  # the head's and the layers'
+    for built in (root / "kernels").glob("*.pt2"):  # the head's and the two layers'
         (tmp_path / "kernels" / built.name).write_bytes(b"not a package")
     monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path))
     broken = engine("auto")
     s = broken.stats()
     assert s.cpu_aot_kernels["lm_head"] == "failed" and s.cpu_aot_kernels["reason"]
     assert s.cpu_aot_kernels["layers"]["status"] == "failed"
+    assert s.cpu_aot_kernels["few_rows_layers"]["status"] == "failed"
     assert broken.runner.model.one_token_layers is None
+    assert broken.runner.model.few_rows_layers is None
     assert s.lm_head_kernel == "torch._weight_int8pack_mm"
     assert broken.runner.model.lm_head.one_row is None
     assert all(len(t) == 12 for t in greedy(broken))  # serves on torch's kernel
@@ -152,15 +173,19 @@ def test_a_package_that_does_not_load_or_disagrees_is_not_used(cache, tmp_path, 
     assert s.cpu_aot_kernels["lm_head"] == "failed"
     assert "disagrees with torch's int8 kernel" in s.cpu_aot_kernels["reason"]
     assert wrong.runner.model.lm_head.one_row is None
-    assert s.cpu_aot_kernels["layers"]["status"] == "loaded"  # the other package stands
+    assert s.cpu_aot_kernels["layers"]["status"] == "loaded"  # the other packages stand
+    assert s.cpu_aot_kernels["few_rows_layers"]["status"] == "loaded"
 
-    real_run = aot_layers.OneTokenLayers.__call__
-    monkeypatch.setattr(aot_layers.OneTokenLayers, "__call__",
+    real_run = aot_layers.LayerPieces.__call__
+    monkeypatch.setattr(aot_layers.LayerPieces, "__call__",
                         lambda self, *a: [t * 1.1 for t in real_run(self, *a)])
     off_by_ten = engine("auto")
-    layers = off_by_ten.stats().cpu_aot_kernels["layers"]
-    assert layers["status"] == "failed" and "disagrees with the eager layers" in layers["reason"]
+    for key in ("layers", "few_rows_layers"):
+        layers = off_by_ten.stats().cpu_aot_kernels[key]
+        assert layers["status"] == "failed", key
+        assert "disagrees with the eager layers" in layers["reason"], key
     assert off_by_ten.runner.model.one_token_layers is None
+    assert off_by_ten.runner.model.few_rows_layers is None
     assert all(len(t) == 12 for t in greedy(off_by_ten))
 
 
@@ -174,6 +199,7 @@ def test_without_a_cxx_compiler_the_build_fails_plainly(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     assert proc.stdout.startswith("LM head: failed (") and "C++ compiler" in proc.stdout
     assert "\none-token layers: failed (" in proc.stdout
+    assert "\n2-8-row layers: failed (" in proc.stdout
     assert not list((tmp_path / "kernels").glob("*.pt2"))
 
 
@@ -195,3 +221,21 @@ def test_the_layer_pieces_follow_the_layers_tensors(cache, monkeypatch):
         want = aot_layers._Between(model.layers[0], model.layers[1])(*args)
     assert not torch.equal(before[3], after[3])
     torch.testing.assert_close(after[3], want[3], rtol=1e-4, atol=1e-4)
+
+
+def test_an_engine_keeping_dense_copies_builds_the_pieces_at_start(tmp_path, monkeypatch):
+    """``--cpu-aot-kernels build`` in an engine whose layers keep dense copies for many-row
+    calls (the default; bf16 copies in oneDNN's layout, which export cannot take as
+    constants): the copies are no input of the pieces and do not stop the export."""
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path))
+    eng = LLMEngine(EngineConfig(cpu_aot_kernels="build", kv_cache_memory_gib=0.01,
+                                 max_model_len=128, **dict(FLAGS, dtype="bfloat16")),
+                    load_model_source(MODEL))
+    s = eng.stats()
+    if s.prefill_kernel != "dense-copy+onednn":
+        pytest.skip(f"no oneDNN bf16 copies on this CPU ({s.prefill_kernel})")
+    assert s.prefill_dense_weights["enabled"]
+    assert s.cpu_aot_kernels["layers"]["status"] == "built", s.cpu_aot_kernels["layers"]
+    assert s.cpu_aot_kernels["few_rows_layers"]["status"] == "built"
+    assert all(layer.qkv.prefill_weight is not None for layer in eng.runner.model.layers)
+    assert all(len(t) == 12 for t in greedy(eng))

@@ -104,6 +104,8 @@ def test_cli_serves_and_stops_on_sigterm(tmp_path):
         assert (aot["mode"], aot["lm_head"], aot["path"]) == ("auto", "not built", None)
         assert "python -m backend.engine.build_kernels" in aot["reason"]
         assert (aot["layers"]["status"], aot["layers"]["path"]) == ("not built", None)
+        few = aot["few_rows_layers"]
+        assert (few["status"], few["path"], few["rows"]) == ("not built", None, [2, 8])
         # prefill multiplies by dense copies: the default auto, a tiny model within 1 GiB
         assert health["prefill_kernel"] == copy_kernel(health["dtype"])
         dense = health["prefill_dense_weights"]

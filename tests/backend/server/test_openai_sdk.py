@@ -56,16 +56,17 @@ def test_sync_non_stream_says_berlin(smollm2):
 
 
 def test_the_embedded_model_runs_the_kernels_make_model_built(smollm2):
-    """`make model` compiles the int8 LM head's one-row GEMV and the one-token layer pieces
-    for this machine; the server on the embedded model loads them (the answers above come
-    through them)."""
+    """`make model` compiles the int8 LM head's one-row GEMV and the layer pieces for steps
+    of one and of 2-8 rows for this machine; the server on the embedded model loads them
+    (the answers above come through them)."""
     with httpx.Client(timeout=60) as http:
         health = http.get(f"{smollm2.base_url}/health").json()
     aot = health["cpu_aot_kernels"]
-    if health["weights_dtype"].startswith(("int4", "int8")):
-        assert aot["layers"]["status"] == "loaded", f"{aot['layers']}: `make model` builds it"
-    else:  # a CPU where auto keeps dense layers
-        assert aot["layers"]["status"] == "not used"
+    for key in ("layers", "few_rows_layers"):
+        if health["weights_dtype"].startswith(("int4", "int8")):
+            assert aot[key]["status"] == "loaded", f"{aot[key]}: `make model` builds it"
+        else:  # a CPU where auto keeps dense layers
+            assert aot[key]["status"] == "not used"
     if health["lm_head_dtype"] != "int8":  # a CPU where auto keeps a dense head
         assert aot["lm_head"] == "not used"
         return
