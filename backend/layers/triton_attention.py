@@ -66,12 +66,21 @@ _LOG2E = 1.4426950408889634
 # first 3-6 % faster than 64 / 3 at batch 32-128 x context 544, within 1 % at 4k. int8,
 # split: 4 warps (2 lost 3-10 % at 4k). int8, unsplit: one warp a program, 32 tokens, 3
 # stages: 13 % faster than 128 / 4 / 3 at batch 64-128 x context 544, equal at 4k (the
-# softmax of one query row then needs no reduction across warps).
+# softmax of one query row then needs no reduction across warps); the fastest tile for
+# ``DECODE_ROWS``' CUDA-core path too.
 DECODE_TILES = {  # kind: (split, unsplit) as (block_n, num_warps, num_stages)
     "auto": ((64, 2, 3), (32, 2, 2)),
     "int8": ((128, 4, 3), (32, 1, 3)),
     "fp8_e4m3": ((128, 4, 2), (128, 4, 2)),
 }
+# Decode with one query head per KV head (no GQA), per kind for (split, unsplit) grids:
+# 0 = the query row padded to 16 for tl.dot; 1 = products and sums on the CUDA cores
+# (``_attend_rows``); 2 / 3 = as 1, int8 widened through fp16's / fp32's bit trick
+# (``_widen_f32``). int8, unsplit: 3 on the unsplit tile, 74.5 against 111.7 us at batch
+# 64 x context 544 on an H200 (3.8 TB/s), 536 against 695 at 64 x 4k; split grids keep
+# tl.dot (3 won at 8 x 544, 15.9 against 19.9 us, lost at 8 x 4k, 118.6 against 97.4). bf16:
+# tl.dot won at every shape (docs/BENCHMARKS.md).
+DECODE_ROWS = {"auto": (0, 0), "int8": (0, 3), "fp8_e4m3": (0, 0)}
 # Steps of at least this many tokens store int8 V with ``_store_v_transposed_kernel`` (a
 # block's worth of tokens a program, or ``_V_T_TOKENS`` where whole blocks cannot be written
 # as rows); smaller ones (decodes: each token in its own block, so nothing to gather) keep
@@ -111,6 +120,27 @@ def _int8_to_fp16(x):
         # registers only; as an operand it is set once, outside the loop)
         constraints="=r,=r,r,r,r,r,r", args=[x, tl.full(x.shape, 0x64806480, tl.int32)],
         dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _int8_to_fp32(x):
+    """int8 -> fp32, exactly, without I2F (a slow pipe): a byte offset by 128 (one XOR per
+    four) becomes the low byte of 2^23's bits (one byte permute each), 2^23 + 128 + x, and
+    one subtraction leaves x."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 u;
+        xor.b32 u, $4, 0x80808080;
+        prmt.b32 $0, u, 0x4B000000, 0x7440;
+        prmt.b32 $1, u, 0x4B000000, 0x7441;
+        prmt.b32 $2, u, 0x4B000000, 0x7442;
+        prmt.b32 $3, u, 0x4B000000, 0x7443;
+        sub.f32 $0, $0, 0f4B000080;
+        sub.f32 $1, $1, 0f4B000080;
+        sub.f32 $2, $2, 0f4B000080;
+        sub.f32 $3, $3, 0f4B000080;
+        }""",
+        constraints="=r,=r,=r,=r,r", args=[x], dtype=tl.float32, is_pure=True, pack=4)
 
 
 @triton.jit
@@ -352,6 +382,80 @@ def _store_row(cache_ptr, scale_ptr, slot, c: tl.constexpr, x1, x2, h, d, mask,
         tl.store(scale_ptr + c * stride_sc + hs * stride_sh + slot, scale, mask=hs < KVH)
 
 
+@triton.jit
+def _attend_rows(q, cache_ptr, scale_ptr, bt_row, start, end, head, d, dmask, qk_scale,
+                 stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
+                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HD: tl.constexpr,
+                 QUANT: tl.constexpr, V_T: tl.constexpr, WIDEN: tl.constexpr):
+    """The online softmax of one query row q [1, HD_PAD] over positions [start, end): each
+    score a sum of fp32 products, each output a sum of probability-weighted values, on the
+    CUDA cores. tl.dot would pad the row to 16 and stage every K/V tile through shared
+    memory for the tensor cores; with one row the products are as many as the loaded values.
+    Stored values are widened to fp32 (exact for int8, e4m3 and the 16-bit dtypes;
+    ``_widen_f32``); the K scales multiply the scores, the V scales the probabilities.
+    Returns (m [1], l [1], acc [1, HD_PAD]) as the tl.dot path does."""
+    qv = tl.sum(q.to(tl.float32), axis=0)  # [HD_PAD]: the one row
+    m = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), axis=0)
+    l_sum = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)
+    acc = tl.zeros_like(qv)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nmask = n < end
+        if V_T:
+            blk = tl.minimum(n // BLOCK_SIZE, (end - 1) // BLOCK_SIZE)
+            page = tl.load(bt_row + blk).to(tl.int64)
+        else:
+            page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+        slot = page * BLOCK_SIZE + n % BLOCK_SIZE
+        kv_off = slot[:, None] * stride_cs + head * stride_ch + d[None, :]
+        lmask = nmask[:, None] & dmask[None, :]
+        k = _widen_f32(tl.load(cache_ptr + kv_off, mask=lmask, other=0), QUANT, WIDEN)
+        scores = tl.sum(k * qv[None, :], axis=1)  # [BLOCK_N]
+        if QUANT != 0:
+            ks = tl.load(scale_ptr + head * stride_sh + slot, mask=nmask, other=0.0)
+            scores = scores * (ks * qk_scale)
+        else:
+            scores = scores * qk_scale
+        scores = tl.where(nmask, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new)
+        l_sum = l_sum * alpha + tl.sum(p, axis=0)
+        if QUANT != 0:
+            p = p * tl.load(scale_ptr + stride_sc + head * stride_sh + slot, mask=nmask,
+                            other=0.0)
+        if V_T:  # [HD_PAD, BLOCK_N], a block's tokens contiguous (see ``_kv_tile``)
+            t = n % BLOCK_SIZE
+            base = (page * BLOCK_SIZE)[None, :]
+            if HD % BLOCK_SIZE == 0:
+                R: tl.constexpr = HD // BLOCK_SIZE
+                vt_off = (base + (d // R)[:, None]) * stride_cs \
+                    + ((d % R) * BLOCK_SIZE)[:, None] + t[None, :]
+            else:
+                f = d[:, None] * BLOCK_SIZE + t[None, :]
+                vt_off = (base + f // HD) * stride_cs + f % HD
+            vt = _widen_f32(tl.load(cache_ptr + head * stride_ch + stride_cc + vt_off,
+                                    mask=dmask[:, None], other=0), QUANT, WIDEN)
+            acc = acc * alpha + tl.sum(vt * p[None, :], axis=1)
+        else:
+            v = _widen_f32(tl.load(cache_ptr + kv_off + stride_cc, mask=lmask, other=0),
+                           QUANT, WIDEN)
+            acc = acc * alpha + tl.sum(v * p[:, None], axis=0)
+        m = m_new
+    return tl.zeros([1], tl.float32) + m, tl.zeros([1], tl.float32) + l_sum, acc[None, :]
+
+
+@triton.jit
+def _widen_f32(x, QUANT: tl.constexpr, WIDEN: tl.constexpr):
+    """Stored cache values -> fp32 (exact). int8: WIDEN 2 through fp16's bit trick
+    (``_int8_to_fp16``), 3 through fp32's (``_int8_to_fp32``), else a conversion."""
+    if QUANT == 1 and WIDEN == 2 and _PTX_WIDEN:
+        return _int8_to_fp16(x).to(tl.float32)
+    elif QUANT == 1 and WIDEN == 3 and _PTX_WIDEN:
+        return _int8_to_fp32(x)
+    return _widen(x, QUANT, tl.float32)
+
+
 # The block-table row stride changes with the step's longest context: not specialised, so
 # a new width never triggers a recompile (a stall) mid-run.
 @triton.jit(do_not_specialize=["stride_bt"])
@@ -363,7 +467,7 @@ def _decode_kernel(
         GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
         QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, V_T: tl.constexpr,
-        HEADS_FIRST: tl.constexpr, PDL: tl.constexpr):
+        HEADS_FIRST: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     if HEADS_FIRST:  # grid (KV head, sequence, split)
         h = tl.program_id(0)
@@ -389,18 +493,23 @@ def _decode_kernel(
         q.dtype if QUANT != 1 or q.dtype == tl.float32 else tl.float16)
     q = q.to(cdt)
 
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, HD_PAD], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        nmask = n < end
-        k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, end, h, d, dmask, stride_cs,
-                              stride_cc, stride_ch, BLOCK_SIZE, HD, QUANT, V_T, cdt)
-        m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, nmask[None, :], m_i, l_i, acc,
-                                     qk_scale, scale_ptr, h, stride_sc, stride_sh, QUANT,
-                                     DOT_PREC, True)
+    if ROWS:  # one query row (GROUP 1, G_PAD 1): sums on the CUDA cores, no tl.dot
+        m_i, l_i, acc = _attend_rows(q, cache_ptr, scale_ptr, bt_row, start, end, h, d, dmask,
+                                     qk_scale, stride_cs, stride_cc, stride_ch, stride_sc,
+                                     stride_sh, BLOCK_SIZE, BLOCK_N, HD, QUANT, V_T, ROWS)
+    else:
+        m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([G_PAD], tl.float32)
+        acc = tl.zeros([G_PAD, HD_PAD], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            nmask = n < end
+            k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, end, h, d, dmask, stride_cs,
+                                  stride_cc, stride_ch, BLOCK_SIZE, HD, QUANT, V_T, cdt)
+            m_i, l_i, acc = _attend_tile(q, k, v, slot, nmask, nmask[None, :], m_i, l_i, acc,
+                                         qk_scale, scale_ptr, h, stride_sc, stride_sh, QUANT,
+                                         DOT_PREC, True)
     pdl_release(PDL)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -604,7 +713,7 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
                  scale: float, block_size: int, kv_cache_dtype: str, num_splits: int,
                  block_n: int | None = None, num_warps: int | None = None,
                  num_stages: int | None = None, dependent_launch: bool = False,
-                 heads_first: bool | None = None) -> torch.Tensor:
+                 heads_first: bool | None = None, rows: int | None = None) -> torch.Tensor:
     """q: [B, H, hd]; block_tables: [B, W] int32; context_lens: [B] int32 (>= 1);
     out: [B, H, hd] (written). One KV head's query group per program (padded to the 16 rows
     tl.dot needs: decode is bound by the K/V reads, not by the products); num_splits a
@@ -627,15 +736,20 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
         part_o = part_lse = out  # unused
     if heads_first is None:
         heads_first = DECODE_HEADS_FIRST
+    if rows is None:
+        rows = DECODE_ROWS[kv_cache_dtype][num_splits == 1]
+    rows = rows if group == 1 else 0
     grid = (kvh, B, num_splits) if heads_first else (B, kvh, num_splits)
     _decode_kernel[grid](
         q, cache, sc, block_tables, context_lens, out, part_o, part_lse, scale * _LOG2E,
         q.stride(0), q.stride(1), block_tables.stride(0), cache.stride(0), cache.stride(1),
         cache.stride(2), ssc, ssh, out.stride(0), out.stride(1),
-        GROUP=group, G_PAD=_pad(group), HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size,
+        GROUP=group, G_PAD=1 if rows else _pad(group), HD=hd, HD_PAD=hd_pad,
+        BLOCK_SIZE=block_size,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=QUANT_CODES[kv_cache_dtype],
         DOT_PREC=_dot_precision(q.dtype), UPCAST=interpreting(),
-        V_T=kv_cache_dtype in TRANSPOSED_V, HEADS_FIRST=heads_first, num_warps=num_warps,
+        V_T=kv_cache_dtype in TRANSPOSED_V, HEADS_FIRST=heads_first, ROWS=rows,
+        num_warps=num_warps,
         num_stages=num_stages, **pdl.launch(q.device, dependent_launch))
     if num_splits > 1:
         _merge_kernel[(B, H)](part_o, part_lse, out, out.stride(0), out.stride(1), HD=hd,

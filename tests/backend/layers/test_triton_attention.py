@@ -388,3 +388,73 @@ def test_the_attention_layer_hands_dependent_launch_to_its_kernels(monkeypatch) 
         outs.append(attn.forward(0, q, k, v, meta, None, flag))
         assert seen["store"] == [flag] and seen["decode"][-1] == flag
     torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kind,dtype,hd,splits,block_n", [
+    ("auto", torch.float32, 64, 1, 16), ("auto", torch.bfloat16, 128, 4, 32),
+    ("int8", torch.bfloat16, 64, 1, 32), ("int8", torch.bfloat16, 72, 2, 16),
+    ("fp8_e4m3", torch.bfloat16, 64, 1, 16)])
+def test_decode_rows_path_matches_the_dot_path_and_the_reference(kind: str,
+                                                                 dtype: torch.dtype, hd: int,
+                                                                 splits: int,
+                                                                 block_n: int) -> None:
+    """One query head per KV head on the CUDA cores (``rows``) against the tl.dot path and
+    the dequantised reference: contexts of one token, of a block and past one, tiles past
+    the last block, int8 V transposed with and without runs wrapping rows (hd 72)."""
+    gen = torch.Generator().manual_seed(7)
+    kvh, lens = 3, [1, BS, BS + 1, 45]
+    cache = _cache(kvh, hd, dtype, kind)
+    tables = _tables(lens, cache.num_blocks, gen)
+    _fill(cache, tables, lens, gen)
+    scales = None if cache.scales is None else cache.scales[0]
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(len(lens), kvh, hd, generator=gen).to(dtype)
+    outs = {}
+    for rows in (0, 1, 2, 3):
+        outs[rows] = torch.empty_like(q)
+        triton_attention.paged_decode(q, cache.data[0], scales, tables, lens_t, outs[rows],
+                                      hd ** -0.5, BS, kind, splits, block_n=block_n,
+                                      rows=rows)
+    tol = 2e-4 if dtype == torch.float32 else 3e-2
+    for i, n in enumerate(lens):
+        k, v = _context(cache, tables[i], n)
+        ref = _reference(q[i:i + 1], k, v, n - 1)[0]
+        for rows in (1, 2, 3):
+            torch.testing.assert_close(outs[rows][i].float(), ref.float(), atol=tol, rtol=tol)
+            torch.testing.assert_close(outs[rows][i].float(), outs[0][i].float(), atol=tol,
+                                       rtol=tol)
+
+
+def test_int8_decode_defaults_to_the_rows_path_on_unsplit_grids_only(monkeypatch) -> None:
+    """``DECODE_ROWS``: an int8 cache's unsplit grid of one query head per KV head takes
+    the CUDA-core path by default (one row, no padding), a split grid and a GQA group the
+    tl.dot path (the group padded to 16 rows); each against the reference."""
+    launched = []
+    real = triton_attention._decode_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launched.append((kw["ROWS"], kw["G_PAD"]))
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(triton_attention, "_decode_kernel", Spy())
+    gen = torch.Generator().manual_seed(11)
+    kvh, hd, lens = 2, 64, [BS + 3, 30]
+    cache = _cache(kvh, hd, torch.bfloat16, "int8")
+    tables = _tables(lens, cache.num_blocks, gen)
+    _fill(cache, tables, lens, gen)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    unsplit_way = triton_attention.DECODE_ROWS["int8"][1]
+    for group, splits, want in ((1, 1, (unsplit_way, 1)), (1, 2, (0, 16)), (4, 1, (0, 16))):
+        q = torch.randn(len(lens), kvh * group, hd, generator=gen).to(torch.bfloat16)
+        out = torch.empty_like(q)
+        triton_attention.paged_decode(q, cache.data[0], cache.scales[0], tables, lens_t, out,
+                                      hd ** -0.5, BS, "int8", splits, block_n=16)
+        assert launched.pop() == want
+        for i, n in enumerate(lens):
+            k, v = _context(cache, tables[i], n)
+            ref = _reference(q[i:i + 1], k, v, n - 1)[0]
+            torch.testing.assert_close(out[i].float(), ref.float(), atol=3e-2, rtol=3e-2)
+    assert unsplit_way > 0

@@ -1,0 +1,31 @@
+#!/bin/bash
+# One device call (H200): the sweep of "TTFT against batch size on the H200" at batch 64 and
+# 128 with an int8 KV cache, then with bf16 K/V (the same command), then the engine section
+# with both cache dtypes.
+#   bash docs/benchmarks/gpu-sweep/exact-prompts/int8-decode-rows/call.sh
+set -u
+export PYTHONPATH=$PWD
+python3 -m pip install -q --no-index --find-links .whl .whl/*.whl 2>&1 | grep -v "Running pip as" | tail -2
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+for kv in int8 auto; do
+  PYTHON=python3 DEMO_BACKEND_MODEL=synthetic:llama-2-7b \
+  DEMO_BACKEND_ARGS="--device cuda --max-num-seqs 128 --kv-cache-memory 40 --kv-cache-dtype $kv" \
+  DEMO_BATCH_SIZES=64,128 DEMO_REQUESTS=100 DEMO_PROMPT_TOKENS=512 \
+  DEMO_OUTPUT_TOKENS=64 DEMO_SLO_MS=200 DEMO_OUT="$OUT/$kv" timeout 200 deploy/demo.sh \
+      > "$OUT/sweep-$kv.log" 2>&1
+  echo "== $kv rc=$?"; grep -E "^\|" "$OUT/sweep-$kv.log" | tail -4
+  python3 - "$OUT/$kv/results.json" <<'PY'
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))
+except OSError as e:
+    sys.exit(f"no results: {e}")
+rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
+for r in rows:
+    print({k: r.get(k) for k in ("batch_size", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+                                 "output_tok_s", "output_tok_s_steady")})
+PY
+done
+timeout 170 python3 -m benchmarks.attention --sections engine --engine-backends triton \
+    --engine-kv-dtypes int8,auto --skip-long-context --json $OUT/engine.json 2>&1 \
+    | grep -v Warning | tail -12
