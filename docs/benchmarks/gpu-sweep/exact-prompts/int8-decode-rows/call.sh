@@ -2,7 +2,7 @@
 # One device call (H200): the sweep of "TTFT against batch size on the H200" at batch 64 and
 # 128 with an int8 KV cache, then with bf16 K/V (the same command), then the engine section
 # with both cache dtypes.
-#   bash docs/benchmarks/gpu-sweep/exact-prompts/int8-decode-rows/call.sh
+#   [BATCHES=64,128] [PASS_S=200] [SKIP_ENGINE=1] bash docs/benchmarks/gpu-sweep/exact-prompts/int8-decode-rows/call.sh
 set -u
 export PYTHONPATH=$PWD
 python3 -m pip install -q --no-index --find-links .whl .whl/*.whl 2>&1 | grep -v "Running pip as" | tail -2
@@ -10,8 +10,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for kv in int8 auto; do
   PYTHON=python3 DEMO_BACKEND_MODEL=synthetic:llama-2-7b \
   DEMO_BACKEND_ARGS="--device cuda --max-num-seqs 128 --kv-cache-memory 40 --kv-cache-dtype $kv" \
-  DEMO_BATCH_SIZES=64,128 DEMO_REQUESTS=100 DEMO_PROMPT_TOKENS=512 \
-  DEMO_OUTPUT_TOKENS=64 DEMO_SLO_MS=200 DEMO_OUT="$OUT/$kv" timeout 200 deploy/demo.sh \
+  DEMO_BATCH_SIZES=${BATCHES:-64,128} DEMO_REQUESTS=100 DEMO_PROMPT_TOKENS=512 \
+  DEMO_OUTPUT_TOKENS=64 DEMO_SLO_MS=200 DEMO_OUT="$OUT/$kv" timeout ${PASS_S:-200} deploy/demo.sh \
       > "$OUT/sweep-$kv.log" 2>&1
   echo "== $kv rc=$?"; grep -E "^\|" "$OUT/sweep-$kv.log" | tail -4
   python3 - "$OUT/$kv/results.json" <<'PY'
@@ -26,6 +26,6 @@ for r in rows:
                                  "output_tok_s", "output_tok_s_steady")})
 PY
 done
-timeout 170 python3 -m benchmarks.attention --sections engine --engine-backends triton \
+[ -n "${SKIP_ENGINE:-}" ] || timeout 170 python3 -m benchmarks.attention --sections engine --engine-backends triton \
     --engine-kv-dtypes int8,auto --skip-long-context --json $OUT/engine.json 2>&1 \
     | grep -v Warning | tail -12
