@@ -165,32 +165,45 @@ def _kv_tile(cache_ptr, bt_row, n, nmask, end, head, d, dmask, stride_cs, stride
     16-byte copies and reach ``tl.dot`` in the layout it reads as B without byte-wise
     shared-memory loads. Its positions past ``end`` read the last page again (finite
     values that the caller gives zero weight), keeping the mask constant along tokens."""
-    if V_T:
-        blk = tl.minimum(n // BLOCK_SIZE, (end - 1) // BLOCK_SIZE)
-        page = tl.load(bt_row + blk).to(tl.int64)
-    else:
-        page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-    slot = page * BLOCK_SIZE + n % BLOCK_SIZE
+    page, slot = _pages(bt_row, n, nmask, end, BLOCK_SIZE, V_T)
     kv_off = slot[:, None] * stride_cs + head * stride_ch + d[None, :]
     lmask = nmask[:, None] & dmask[None, :]
     k = _widen(tl.load(cache_ptr + kv_off, mask=lmask, other=0), QUANT, cdt)
     if V_T:
-        # element (d, t) of a block: byte d * BLOCK_SIZE + t of its V rows
-        t = n % BLOCK_SIZE
-        base = (page * BLOCK_SIZE)[None, :]
-        if HD % BLOCK_SIZE == 0:  # written so that the compiler sees the runs of tokens
-            R: tl.constexpr = HD // BLOCK_SIZE  # dims per row
-            vt_off = (base + (d // R)[:, None]) * stride_cs \
-                + ((d % R) * BLOCK_SIZE)[:, None] + t[None, :]
-        else:  # a run of tokens may wrap into the next row
-            f = d[:, None] * BLOCK_SIZE + t[None, :]
-            vt_off = (base + f // HD) * stride_cs + f % HD
+        vt_off = _vt_offsets(page, n, d, stride_cs, BLOCK_SIZE, HD)
         vt = tl.load(cache_ptr + head * stride_ch + stride_cc + vt_off, mask=dmask[:, None],
                      other=0)  # [HD_PAD, BLOCK_N]
         v = tl.trans(_widen(vt, QUANT, cdt))
     else:
         v = _widen(tl.load(cache_ptr + kv_off + stride_cc, mask=lmask, other=0), QUANT, cdt)
     return k, v, slot
+
+
+@triton.jit
+def _pages(bt_row, n, nmask, end, BLOCK_SIZE: tl.constexpr, V_T: tl.constexpr):
+    """(page, slot) [BLOCK_N] of positions n through the block table. With V_T, positions
+    past ``end`` read the last page again (see ``_kv_tile``)."""
+    if V_T:
+        blk = tl.minimum(n // BLOCK_SIZE, (end - 1) // BLOCK_SIZE)
+        page = tl.load(bt_row + blk).to(tl.int64)
+    else:
+        page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+    return page, page * BLOCK_SIZE + n % BLOCK_SIZE
+
+
+@triton.jit
+def _vt_offsets(page, n, d, stride_cs, BLOCK_SIZE: tl.constexpr, HD: tl.constexpr):
+    """Offsets [HD_PAD, BLOCK_N] of V stored transposed within its block: element (d, t)
+    of a block at byte d * BLOCK_SIZE + t of its V rows."""
+    t = n % BLOCK_SIZE
+    base = (page * BLOCK_SIZE)[None, :]
+    if HD % BLOCK_SIZE == 0:  # written so that the compiler sees the runs of tokens
+        R: tl.constexpr = HD // BLOCK_SIZE  # dims per row
+        return (base + (d // R)[:, None]) * stride_cs + ((d % R) * BLOCK_SIZE)[:, None] \
+            + t[None, :]
+    # a run of tokens may wrap into the next row
+    f = d[:, None] * BLOCK_SIZE + t[None, :]
+    return (base + f // HD) * stride_cs + f % HD
 
 
 @triton.jit
@@ -401,12 +414,7 @@ def _attend_rows(q, cache_ptr, scale_ptr, bt_row, start, end, head, d, dmask, qk
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < end
-        if V_T:
-            blk = tl.minimum(n // BLOCK_SIZE, (end - 1) // BLOCK_SIZE)
-            page = tl.load(bt_row + blk).to(tl.int64)
-        else:
-            page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-        slot = page * BLOCK_SIZE + n % BLOCK_SIZE
+        page, slot = _pages(bt_row, n, nmask, end, BLOCK_SIZE, V_T)
         kv_off = slot[:, None] * stride_cs + head * stride_ch + d[None, :]
         lmask = nmask[:, None] & dmask[None, :]
         k = _widen_f32(tl.load(cache_ptr + kv_off, mask=lmask, other=0), QUANT, WIDEN)
@@ -425,15 +433,7 @@ def _attend_rows(q, cache_ptr, scale_ptr, bt_row, start, end, head, d, dmask, qk
             p = p * tl.load(scale_ptr + stride_sc + head * stride_sh + slot, mask=nmask,
                             other=0.0)
         if V_T:  # [HD_PAD, BLOCK_N], a block's tokens contiguous (see ``_kv_tile``)
-            t = n % BLOCK_SIZE
-            base = (page * BLOCK_SIZE)[None, :]
-            if HD % BLOCK_SIZE == 0:
-                R: tl.constexpr = HD // BLOCK_SIZE
-                vt_off = (base + (d // R)[:, None]) * stride_cs \
-                    + ((d % R) * BLOCK_SIZE)[:, None] + t[None, :]
-            else:
-                f = d[:, None] * BLOCK_SIZE + t[None, :]
-                vt_off = (base + f // HD) * stride_cs + f % HD
+            vt_off = _vt_offsets(page, n, d, stride_cs, BLOCK_SIZE, HD)
             vt = _widen_f32(tl.load(cache_ptr + head * stride_ch + stride_cc + vt_off,
                                     mask=dmask[:, None], other=0), QUANT, WIDEN)
             acc = acc * alpha + tl.sum(vt * p[None, :], axis=1)

@@ -62,6 +62,23 @@ def step_pairs(eng, batch: int, steps: int, names: tuple[str, str], switch) -> d
             f"pairs_{a}_faster": sum(r < 1 for r in ratios)}
 
 
+def model_attribute_switch(attr: str, on: str):
+    """A ``switch`` for ``step_pairs_main``: the engine's model keeps what it loaded into
+    ``attr`` (compiled pieces; found once, and required) under the variant ``on``, and runs
+    with ``attr`` None under the other."""
+    import gc
+    found = []
+
+    def switch(name):
+        if not found:
+            found.extend((o, getattr(o, attr)) for o in gc.get_objects()
+                         if type(o).__name__ == "LlamaModel" and getattr(o, attr) is not None)
+            assert found, f"no {attr} loaded: run make model"
+        for model, value in found:
+            setattr(model, attr, value if name == on else None)
+    return switch
+
+
 def step_pairs_main(names: tuple[str, str], switch, batches: str) -> None:
     """The command line of a step-by-step A/B: ``[STEPS] [BATCHES]`` (default 400 and
     ``batches``), a warm-up, ``step_pairs`` per batch, the JSON on stdout; the first

@@ -7,23 +7,10 @@ the eager layers either way).
 
     PYTHONPATH=. python docs/benchmarks/cpu-epyc-1205/aot-head/ab_layers.py [STEPS] [BATCHES]
 """
-import gc
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from copy_ab import step_pairs_main  # noqa: E402
+from copy_ab import model_attribute_switch, step_pairs_main  # noqa: E402
 
-MODELS = []
-
-
-def switch(name):
-    if not MODELS:  # the model of the engine step_pairs_main builds, found once
-        MODELS.extend((o, o.one_token_layers) for o in gc.get_objects()
-                      if type(o).__name__ == "LlamaModel" and o.one_token_layers is not None)
-        assert MODELS, "no compiled layer pieces loaded: run make model"
-    for model, layers in MODELS:
-        model.one_token_layers = layers if name == "layers" else None
-
-
-step_pairs_main(("layers", "eager"), switch, "1,2")
+step_pairs_main(("layers", "eager"), model_attribute_switch("one_token_layers", "layers"), "1,2")

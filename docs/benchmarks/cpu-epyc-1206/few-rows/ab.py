@@ -7,24 +7,12 @@ steps take the one-token package either way).
 
     PYTHONPATH=. python docs/benchmarks/cpu-epyc-1206/few-rows/ab.py [STEPS] [BATCHES]
 """
-import gc
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "cpu-epyc-1205"))
-from copy_ab import step_pairs_main  # noqa: E402
+from copy_ab import model_attribute_switch, step_pairs_main  # noqa: E402
 
-MODELS = []
-
-
-def switch(name):
-    if not MODELS:  # the model of the engine step_pairs_main builds, found once
-        MODELS.extend((o, o.few_rows_layers) for o in gc.get_objects()
-                      if type(o).__name__ == "LlamaModel" and o.few_rows_layers is not None)
-        assert MODELS, "no compiled few-row layer pieces loaded: run make model"
-    for model, pieces in MODELS:
-        model.few_rows_layers = pieces if name == "pieces" else None
-
-
-step_pairs_main(("pieces", "eager"), switch, "1,2,4,8")
+step_pairs_main(("pieces", "eager"), model_attribute_switch("few_rows_layers", "pieces"),
+                "1,2,4,8")
