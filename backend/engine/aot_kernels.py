@@ -101,8 +101,7 @@ def attach_layers(model: LlamaModel, mode: str) -> tuple[dict, dict]:
     if why is not None:
         return _status("not used", why), _status("not used", why)
     found = []
-    for rows in aot_layers.row_ranges(model):
-        path = aot_layers.package_path(model, kernels_dir(), rows)
+    for rows, path in aot_layers.package_paths(model, kernels_dir()):
         span = "one row" if rows == (1, 1) else f"{rows[0]}-{rows[1]} rows"
         pieces, status = _load_or_build(
             f"the layer pieces ({span})", path, mode,

@@ -87,7 +87,7 @@ def unusable(model: LlamaModel) -> str | None:
     return None
 
 
-def row_ranges(model: LlamaModel) -> list[tuple[int, int]]:
+def _row_ranges(model: LlamaModel) -> list[tuple[int, int]]:
     """The packages' row ranges (first, last) for this model's layers: one row, then 2 up
     to the last row before the layers switch kernels (none where that is 1)."""
     kind = "int4" if isinstance(model.layers[0].qkv, linear.Int4Linear) else "int8"
@@ -95,9 +95,10 @@ def row_ranges(model: LlamaModel) -> list[tuple[int, int]]:
     return [(1, 1)] + ([(2, last)] if last >= 2 else [])
 
 
-def package_path(model: LlamaModel, directory: Path, rows: tuple[int, int] = (1, 1)) -> Path:
-    """The package for this model's layer shapes, formats and dtype at ``rows`` (first,
-    last), the layer code of this tree, the torch build and the CPU."""
+def package_paths(model: LlamaModel, directory: Path) -> list[tuple[tuple[int, int], Path]]:
+    """(rows (first, last), package) for each of this model's row ranges: named for its
+    layer shapes, formats and dtype, the rows, the layer code of this tree (hashed once for
+    all the ranges), the torch build and the CPU."""
     h = hashlib.sha256()
     for name, t in sorted(_tensors(_pairs(model)[0]).items()):
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
@@ -106,8 +107,12 @@ def package_path(model: LlamaModel, directory: Path, rows: tuple[int, int] = (1,
              f"{cfg.head_dim}|{cfg.rms_norm_eps}|{torch.__version__}|".encode())
     for module in SOURCES:
         h.update(Path(module.__file__).read_bytes())
-    kind = "one-token" if rows == (1, 1) else f"rows-{rows[0]}-{rows[1]}"
-    return Path(directory) / f"layers-{kind}-{h.hexdigest()[:16]}-{cpu_aot.cpu_tag()}.pt2"
+    digest = f"{h.hexdigest()[:16]}-{cpu_aot.cpu_tag()}"
+    paths = []
+    for rows in _row_ranges(model):
+        kind = "one-token" if rows == (1, 1) else f"rows-{rows[0]}-{rows[1]}"
+        paths.append((rows, Path(directory) / f"layers-{kind}-{digest}.pt2"))
+    return paths
 
 
 def _example(model: LlamaModel, rows: int = 1) -> tuple[torch.Tensor, ...]:
@@ -119,7 +124,7 @@ def _example(model: LlamaModel, rows: int = 1) -> tuple[torch.Tensor, ...]:
 
 
 def build(model: LlamaModel, path: Path, rows: tuple[int, int] = (1, 1)) -> float:
-    """Compiles the package for this model at ``rows`` (``package_path``) into ``path``;
+    """Compiles the package for this model at ``rows`` (``package_paths``) into ``path``;
     the seconds."""
     pair = _pairs(model)[0]
     tensors = _tensors(pair)

@@ -77,8 +77,9 @@ def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
     head = eng.runner.model.lm_head
     packages = sorted((root / "kernels").glob("*.pt2"))
     gemv = root / "kernels" / cpu_aot.package_name(*head.weight_shape, torch.float32)
-    pieces = aot_layers.package_path(eng.runner.model, root / "kernels")
-    few = aot_layers.package_path(eng.runner.model, root / "kernels", (2, 8))
+    (one_row, pieces), (rows, few) = aot_layers.package_paths(eng.runner.model,
+                                                              root / "kernels")
+    assert (one_row, rows) == ((1, 1), (2, 8))
     assert packages == sorted([gemv, pieces, few])
     s = eng.stats()
     assert s.cpu_aot_kernels == {
