@@ -1,8 +1,8 @@
 #!/bin/bash
 # One device call (H200): the sweep of "TTFT against batch size on the H200" at batch 64 and
 # 128 with an int8 KV cache, then with bf16 K/V (the same command), then the engine section
-# with both cache dtypes.
-#   [BATCHES=64,128] [PASS_S=200] [SKIP_ENGINE=1] bash docs/benchmarks/gpu-sweep/exact-prompts/int8-decode-rows/call.sh
+# with both cache dtypes; with ABLATION=1 the ablation table last (rows 1-7, batches 8-64).
+#   [BATCHES=64,128] [PASS_S=200] [SKIP_ENGINE=1] [ABLATION=1] bash docs/benchmarks/gpu-sweep/exact-prompts/int8-decode-rows/call.sh
 set -u
 export PYTHONPATH=$PWD
 python3 -m pip install -q --no-index --find-links .whl .whl/*.whl 2>&1 | grep -v "Running pip as" | tail -2
@@ -26,6 +26,14 @@ for r in rows:
                                  "output_tok_s", "output_tok_s_steady")})
 PY
 done
+# the device returns at most 8 files: each pass's folder goes back as one archive
+tar czf $OUT/sweep-results.tgz -C $OUT --exclude='*.jsonl' int8 auto && rm -rf $OUT/int8 $OUT/auto
 [ -n "${SKIP_ENGINE:-}" ] || timeout 170 python3 -m benchmarks.attention --sections engine --engine-backends triton \
     --engine-kv-dtypes int8,auto --skip-long-context --json $OUT/engine.json 2>&1 \
     | grep -v Warning | tail -12
+if [ -n "${ABLATION:-}" ]; then
+  timeout 200 python3 -m benchmarks.ablation --model synthetic:llama-2-7b --device cuda \
+      --no-compile --batches 8,16,32,64 --json $OUT/ablation-h200.json \
+      --markdown $OUT/ablation-h200.md > $OUT/ablation-h200.log 2>&1
+  echo "== ablation rc=$?"; tail -16 $OUT/ablation-h200.log
+fi
