@@ -36,8 +36,10 @@ class Floors:
 
 
 def _cpu_seconds(fn) -> float:
-    """Median seconds per call of ``fn`` on the CPU (torch.utils.benchmark picks the count)."""
-    return tbench.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.3).median
+    """Median seconds per call of ``fn`` on the CPU (torch.utils.benchmark picks the count),
+    on the threads the engine gets (the Timer's own default is one thread)."""
+    return tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()
+                        ).blocked_autorange(min_run_time=0.3).median
 
 
 def measure_floors(device: torch.device, dtype: torch.dtype) -> Floors:

@@ -95,11 +95,12 @@ class ModelRunner:
             log.info("no dense weight copies: %s (--prefill-dense-weights on keeps them)",
                      self.prefill_dense.reason)
         self.num_blocks = self._num_blocks(cfg)
+        self.attention = resolve_attention(config.attention, self.device)
         self.kv_cache = KVCache(cfg.num_hidden_layers, self.num_blocks, self.block_size,
                                 cfg.num_key_value_heads, cfg.head_dim, self.dtype,
-                                config.kv_cache_dtype, self.device)
+                                config.kv_cache_dtype, self.device,
+                                transpose_v=self.attention == "triton")
         self.group = cfg.num_attention_heads // cfg.num_key_value_heads
-        self.attention = resolve_attention(config.attention, self.device)
         self.attention_kernel, sdpa_context = probe_attention_kernel(
             self.attention, self.device, self.dtype, cfg.num_key_value_heads, self.group,
             cfg.head_dim, config.kv_cache_dtype, self.block_size)

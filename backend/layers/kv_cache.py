@@ -11,10 +11,13 @@ tokens are adjacent (the attention kernels load a tile's scales in one coalesced
 - int8: symmetric, scale = amax / 127, values rounded and clamped to [-127, 127];
 - fp8_e4m3: scale = amax / 448 (the format's largest finite value), stored as uint8 bits
   because index_copy_/index_select are not implemented for float8 on every backend.
-Quantised V is stored transposed within each block: the ``block_size x head_dim`` bytes of
-one block's V rows for one head hold element (dim d, token t) at ``d * block_size + t``
-(``v_transposed_offsets``), so that the decode kernel reads a block's tokens of one
-dimension as one contiguous run (``triton_attention._kv_tile``). K keeps one row per token.
+Where the Triton kernels read the cache, int8 V is stored transposed within each block: the
+``block_size x head_dim`` bytes of one block's V rows for one head hold element (dim d,
+token t) at ``d * block_size + t`` (``v_transposed_index``), so that the decode kernel reads
+a block's tokens of one dimension as one contiguous run (``triton_attention._kv_tile``). K
+keeps one row per token. A cache for the torch path (``transpose_v=False``: the sdpa and math
+backends) keeps V in rows too, read with K in one ``index_select``; the transposed bytes
+would cost it a scattered gather and its index arithmetic in every layer of every step.
 ``write``/``gather`` are the pure-torch reference path (quantise on write, dequantise on
 read) of the sdpa and math backends; the Triton backend quantises in its store kernel and
 dequantises inside its attention kernels (``triton_attention``).
@@ -45,7 +48,9 @@ def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_di
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, model_dtype: torch.dtype, kv_cache_dtype: str,
-                 device: torch.device) -> None:
+                 device: torch.device, transpose_v: bool = True) -> None:
+        """``transpose_v``: int8 V in the Triton kernels' layout (above); False where only
+        ``write`` / ``gather`` read the cache."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.model_dtype = model_dtype
@@ -59,7 +64,7 @@ class KVCache:
         # (masked out anyway, but NaN * 0 in a matmul would still poison the row).
         self.data = torch.zeros(num_layers, slots, 2, num_kv_heads, head_dim,
                                 dtype=storage, device=device)
-        self.v_transposed = kv_cache_dtype in TRANSPOSED_V
+        self.v_transposed = transpose_v and kv_cache_dtype in TRANSPOSED_V
         self.scales = None
         if kv_cache_dtype != "auto":
             self.scales = torch.zeros(num_layers, 2, num_kv_heads, slots,
@@ -124,5 +129,7 @@ def quantise(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantise(q: torch.Tensor, scale: torch.Tensor, kind: str,
                dtype: torch.dtype) -> torch.Tensor:
     """Stored values [..., hd] and scales [...] -> [..., hd] in ``dtype``."""
-    x = q.float() if kind == "int8" else q.view(torch.float8_e4m3fn).float()
+    # int8 codes times the float32 scales promote to float32 in the multiply itself (exact
+    # codes, the same products as converting first), one pass fewer over the context
+    x = q if kind == "int8" else q.view(torch.float8_e4m3fn).float()
     return (x * scale.unsqueeze(-1)).to(dtype)

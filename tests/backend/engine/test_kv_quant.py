@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.layers.attention import Attention
 from backend.layers.kv_cache import KVCache
 from backend.engine.kv_quality import EVAL_TEXT, greedy_agreement, perplexity_figures
 
@@ -20,6 +23,34 @@ def test_quantised_round_trip_within_format_precision(kind: str, rel_err: float)
     amax = kv.abs().amax(dim=-1, keepdim=True)  # per token, K/V and head
     assert ((back - kv).abs() <= amax * rel_err + 1e-12).all()
     assert cache.gather(0, slots).abs().max() == 0  # other layer untouched
+
+
+def test_int8_v_in_rows_reads_back_as_the_transposed_layout_does() -> None:
+    """The torch path's cache keeps int8 V in rows; the Triton kernels' cache transposes it
+    within each block: the same writes read back the same values from both, and the bytes
+    differ (V of a written block is laid out otherwise)."""
+    caches = [KVCache(1, 4, 16, 3, 64, torch.float32, "int8", torch.device("cpu"),
+                      transpose_v=t) for t in (True, False)]
+    assert [c.v_transposed for c in caches] == [True, False]
+    kv = torch.randn(40, 2, 3, 64)
+    slots = torch.cat((torch.arange(16, 48), torch.tensor([3, 60, 61, 5, 50, 7, 0, 9])))
+    for c in caches:
+        c.write(0, slots, kv[:, 0], kv[:, 1])
+    idx = torch.randperm(64)
+    assert torch.equal(caches[0].gather(0, idx), caches[1].gather(0, idx))
+    assert torch.equal(caches[0].data[:, :, 0], caches[1].data[:, :, 0])  # K: rows in both
+    assert not torch.equal(caches[0].data[:, :, 1], caches[1].data[:, :, 1])
+    with pytest.raises(ValueError, match="transposed"):
+        Attention(9, 3, 64, "triton", caches[1])
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "math"])
+def test_the_engine_keeps_int8_v_in_rows_for_the_torch_attention(smollm2_source,
+                                                                  attention: str) -> None:
+    engine = LLMEngine(EngineConfig(device="cpu", kv_cache_dtype="int8", attention=attention,
+                                    max_model_len=256, kv_cache_memory_gib=0.05,
+                                    cpu_aot_kernels="off"), smollm2_source)
+    assert engine.runner.kv_cache.v_transposed is False
 
 
 def test_int8_and_fp8_quality_on_smollm2(smollm2_source) -> None:
