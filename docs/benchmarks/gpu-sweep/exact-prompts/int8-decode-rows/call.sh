@@ -36,7 +36,7 @@ tar czf $OUT/sweep-results.tgz -C $OUT --exclude='*.jsonl' int8 auto && rm -rf $
     --engine-kv-dtypes int8,auto --skip-long-context --json $OUT/engine.json 2>&1 \
     | grep -v Warning | tail -12
 if [ -n "${ABLATION:-}" ]; then
-  timeout 200 python3 -m benchmarks.ablation --model synthetic:llama-2-7b --device cuda \
+  timeout ${ABLATION_S:-200} python3 -m benchmarks.ablation --model synthetic:llama-2-7b --device cuda \
       --no-compile --batches 8,16,32,64 --json $OUT/ablation-h200.json \
       --markdown $OUT/ablation-h200.md > $OUT/ablation-h200.log 2>&1
   echo "== ablation rc=$?"; tail -16 $OUT/ablation-h200.log

@@ -1,0 +1,73 @@
+"""A/B in one process: the CPU engine with an int8 KV cache (SmolLM2, the CPU defaults
+otherwise) keeping V in rows ("rows", the torch attention path's layout now) or transposed
+within each block as the Triton kernels read it ("transposed", the tree before), two engines
+on one model, alternating round by round, the order swapped every round; the bf16 cache
+("bf16") beside them. Per round and engine: the mean decode step of ``batch`` sequences with
+PROMPT-token prompts over 32 steps after their prefills.
+
+    PYTHONPATH=. python docs/benchmarks/cpu-epyc-1206/int8-kv-rows/ab.py [ROUNDS] [BATCHES] [PROMPT]
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling import SamplingParams
+from backend.layers.kv_cache import KVCache
+from backend.weights.loader import load_model_source
+
+
+def step_ms(eng: LLMEngine, batch: int, prompt: int, steps: int = 32) -> float:
+    for i in range(batch):
+        eng.add_request(f"b{batch}-{i}-{time.time()}", list(range(300 + i, 300 + i + prompt)),
+                        SamplingParams(max_tokens=steps + 2, ignore_eos=True))
+    while any(s.num_generated == 0 for s in eng.seqs.values()):
+        eng.step()
+    t = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    ms = (time.perf_counter() - t) * 1e3 / steps
+    while eng.has_unfinished():
+        eng.step()
+    return ms
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1,4,8,32").split(",")]
+    prompt = int(sys.argv[3]) if len(sys.argv) > 3 else 256
+    src = load_model_source("smollm2-135m-instruct")
+    cfg = dict(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
+               enable_prefix_caching=False)
+    rows = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src)
+    model = rows.runner.model
+    transposed = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src, model=model)
+    c = transposed.runner.kv_cache
+    t = KVCache(c.data.shape[0], c.num_blocks, c.block_size, c.data.shape[3], c.data.shape[4],
+                c.model_dtype, "int8", c.data.device, transpose_v=True)
+    transposed.runner.kv_cache = transposed.runner.attn.kv_cache = t
+    bf16 = LLMEngine(EngineConfig(kv_cache_dtype="auto", **cfg), src, model=model)
+    engines = {"rows": rows, "transposed": transposed, "bf16": bf16}
+    assert rows.runner.kv_cache.v_transposed is False and t.v_transposed is True
+    out = {"load_start": os.getloadavg(), "prompt_tokens": prompt, "samples": {}}
+    for eng in engines.values():
+        step_ms(eng, 4, 32, 4)  # warm-up
+    order = list(engines)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            s = out["samples"].setdefault(name, {})
+            for b in batches:
+                s.setdefault(f"step_ms_batch{b}", []).append(round(step_ms(engines[name], b,
+                                                                           prompt), 2))
+            print(r, name, {k: v[-1] for k, v in s.items()}, file=sys.stderr, flush=True)
+    out["medians"] = {n: {k: statistics.median(v) for k, v in s.items()}
+                      for n, s in out["samples"].items()}
+    out["load_end"] = os.getloadavg()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
