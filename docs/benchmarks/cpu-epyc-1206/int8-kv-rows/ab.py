@@ -1,8 +1,9 @@
 """A/B in one process: the CPU engine with an int8 KV cache (SmolLM2, the CPU defaults
-otherwise) keeping V in rows ("rows", the torch attention path's layout now) or transposed
-within each block as the Triton kernels read it ("transposed", the tree before), two engines
-on one model, alternating round by round, the order swapped every round; the bf16 cache
-("bf16") beside them. Per round and engine: the mean decode step of ``batch`` sequences with
+otherwise) keeping V in rows ("rows": the torch attention path's layout now, dequantised
+from dense scales in place) or as the tree before read it ("transposed": V transposed
+within each block as the Triton kernels read it, ``Before.gather`` the gather of that
+tree), two engines on one model, alternating round by round, the order swapped every round;
+the bf16 cache ("bf16") beside them. Per round and engine: the mean decode step of ``batch`` sequences with
 PROMPT-token prompts over 32 steps after their prefills.
 
     PYTHONPATH=. python docs/benchmarks/cpu-epyc-1206/int8-kv-rows/ab.py [ROUNDS] [BATCHES] [PROMPT]
@@ -16,7 +17,22 @@ import time
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
+import torch
+
 from backend.layers.kv_cache import KVCache
+
+
+class Before(KVCache):
+    """The cache's gather before the change: V through its transposed index, the scales
+    strided, int8 times float32 in one multiply."""
+
+    def gather(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
+        flat = idx.reshape(-1)
+        kv = self.data[layer].index_select(0, flat)
+        kv[:, 1] = self._v_rows(layer)[self._v_index(flat)].transpose(1, 2)
+        scale = self.scales[layer].index_select(2, flat).permute(2, 0, 1)
+        kv = (kv.float() * scale.unsqueeze(-1)).to(self.model_dtype)
+        return kv.view(*idx.shape, *kv.shape[1:])
 from backend.weights.loader import load_model_source
 
 
@@ -46,7 +62,7 @@ def main() -> None:
     model = rows.runner.model
     transposed = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src, model=model)
     c = transposed.runner.kv_cache
-    t = KVCache(c.data.shape[0], c.num_blocks, c.block_size, c.data.shape[3], c.data.shape[4],
+    t = Before(c.data.shape[0], c.num_blocks, c.block_size, c.data.shape[3], c.data.shape[4],
                 c.model_dtype, "int8", c.data.device, transpose_v=True)
     transposed.runner.kv_cache = transposed.runner.attn.kv_cache = t
     bf16 = LLMEngine(EngineConfig(kv_cache_dtype="auto", **cfg), src, model=model)

@@ -1,6 +1,6 @@
 """torch.profiler over 10 decode steps of the CPU engine (SmolLM2, defaults otherwise) at
 batch 4 after 128-token prompts, with the KV cache given: ``auto`` (bf16), ``int8`` (V in
-rows, now) or ``int8-transposed`` (V transposed within each block, the tree before).
+rows, now) or ``int8-transposed`` (the tree before: ``ab.Before``).
 
     PYTHONPATH=. python docs/benchmarks/cpu-epyc-1206/int8-kv-rows/profile_step.py KIND
 """
@@ -13,8 +13,8 @@ from torch.profiler import ProfilerActivity, profile
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
-from backend.layers.kv_cache import KVCache
 from backend.weights.loader import load_model_source
+from ab import Before  # this folder's A/B script (the script's folder is on sys.path)
 
 kind = sys.argv[1]
 eng = LLMEngine(EngineConfig(device="cpu", kv_cache_dtype=kind.removesuffix("-transposed"),
@@ -22,7 +22,7 @@ eng = LLMEngine(EngineConfig(device="cpu", kv_cache_dtype=kind.removesuffix("-tr
                 load_model_source("smollm2-135m-instruct"))
 if kind.endswith("-transposed"):
     c = eng.runner.kv_cache
-    t = KVCache(c.data.shape[0], c.num_blocks, c.block_size, c.data.shape[3], c.data.shape[4],
+    t = Before(c.data.shape[0], c.num_blocks, c.block_size, c.data.shape[3], c.data.shape[4],
                 c.model_dtype, "int8", c.data.device, transpose_v=True)
     eng.runner.kv_cache = eng.runner.attn.kv_cache = t
 g = torch.Generator().manual_seed(0)
