@@ -28,11 +28,12 @@ def smollm2_engine() -> tuple[LLMEngine, dict]:
                  "kernel": st.linear_kernel, "lm_head": st.lm_head_format}
 
 
-def start_decodes(eng, batch, max_tokens, **params):
-    """``batch`` requests with 16-token prompts (``params`` go to their SamplingParams),
-    stepped until each has its first token: every later step is a pure decode."""
+def start_decodes(eng, batch, max_tokens, prompt=16, **params):
+    """``batch`` requests with ``prompt``-token prompts (``params`` go to their
+    SamplingParams), stepped until each has its first token: every later step is a pure
+    decode."""
     for i in range(batch):
-        eng.add_request(f"b{batch}-{i}-{time.time()}", list(range(200 + i, 216 + i)),
+        eng.add_request(f"b{batch}-{i}-{time.time()}", list(range(200 + i, 200 + i + prompt)),
                         SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params))
     while any(s.num_generated == 0 for s in eng.seqs.values()):
         eng.step()
@@ -96,10 +97,10 @@ def step_pairs_main(names: tuple[str, str], switch, batches: str) -> None:
     print(json.dumps(out))
 
 
-def decode_ms(eng, batch, steps=24, **params):
-    """ms per decode step of ``batch`` requests with 16-token prompts (``params`` go to their
-    SamplingParams), after their prefills."""
-    start_decodes(eng, batch, steps + 4, **params)
+def decode_ms(eng, batch, steps=24, prompt=16, **params):
+    """ms per decode step of ``batch`` requests with ``prompt``-token prompts (``params`` go
+    to their SamplingParams), after their prefills."""
+    start_decodes(eng, batch, steps + 4, prompt, **params)
     eng.step()
     t = time.perf_counter()
     for _ in range(steps):

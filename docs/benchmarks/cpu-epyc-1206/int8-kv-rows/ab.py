@@ -4,7 +4,7 @@ from dense scales in place) or as the tree before read it ("transposed": V trans
 within each block as the Triton kernels read it, ``Before.gather`` the gather of that
 tree), two engines on one model, alternating round by round, the order swapped every round;
 the bf16 cache ("bf16") beside them. Per round and engine: the mean decode step of ``batch`` sequences with
-PROMPT-token prompts over 32 steps after their prefills.
+PROMPT-token prompts over 32 steps after their prefills (``copy_ab.decode_ms``).
 
     PYTHONPATH=. python docs/benchmarks/cpu-epyc-1206/int8-kv-rows/ab.py [ROUNDS] [BATCHES] [PROMPT]
 """
@@ -12,14 +12,17 @@ import json
 import os
 import statistics
 import sys
-import time
+
+import torch
 
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from backend.engine.sampling import SamplingParams
-import torch
-
 from backend.layers.kv_cache import KVCache
+from backend.weights.loader import load_model_source
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "cpu-epyc-1205"))
+from copy_ab import decode_ms  # noqa: E402
 
 
 class Before(KVCache):
@@ -33,22 +36,6 @@ class Before(KVCache):
         scale = self.scales[layer].index_select(2, flat).permute(2, 0, 1)
         kv = (kv.float() * scale.unsqueeze(-1)).to(self.model_dtype)
         return kv.view(*idx.shape, *kv.shape[1:])
-from backend.weights.loader import load_model_source
-
-
-def step_ms(eng: LLMEngine, batch: int, prompt: int, steps: int = 32) -> float:
-    for i in range(batch):
-        eng.add_request(f"b{batch}-{i}-{time.time()}", list(range(300 + i, 300 + i + prompt)),
-                        SamplingParams(max_tokens=steps + 2, ignore_eos=True))
-    while any(s.num_generated == 0 for s in eng.seqs.values()):
-        eng.step()
-    t = time.perf_counter()
-    for _ in range(steps):
-        eng.step()
-    ms = (time.perf_counter() - t) * 1e3 / steps
-    while eng.has_unfinished():
-        eng.step()
-    return ms
 
 
 def main() -> None:
@@ -70,14 +57,14 @@ def main() -> None:
     assert rows.runner.kv_cache.v_transposed is False and t.v_transposed is True
     out = {"load_start": os.getloadavg(), "prompt_tokens": prompt, "samples": {}}
     for eng in engines.values():
-        step_ms(eng, 4, 32, 4)  # warm-up
+        decode_ms(eng, 4, 4, 32)  # warm-up
     order = list(engines)
     for r in range(rounds):
         for name in order if r % 2 == 0 else order[::-1]:
             s = out["samples"].setdefault(name, {})
             for b in batches:
-                s.setdefault(f"step_ms_batch{b}", []).append(round(step_ms(engines[name], b,
-                                                                           prompt), 2))
+                s.setdefault(f"step_ms_batch{b}", []).append(round(decode_ms(engines[name], b,
+                                                                               32, prompt), 2))
             print(r, name, {k: v[-1] for k, v in s.items()}, file=sys.stderr, flush=True)
     out["medians"] = {n: {k: statistics.median(v) for k, v in s.items()}
                       for n, s in out["samples"].items()}
