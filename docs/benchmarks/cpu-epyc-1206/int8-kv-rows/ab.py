@@ -38,6 +38,15 @@ class Before(KVCache):
         return kv.view(*idx.shape, *kv.shape[1:])
 
 
+def use_before(eng: LLMEngine) -> KVCache:
+    """Swaps the engine's int8 cache for a ``Before`` of the same shape (V transposed)."""
+    c = eng.runner.kv_cache
+    t = Before(c.data.shape[0], c.num_blocks, c.block_size, c.data.shape[3], c.data.shape[4],
+               c.model_dtype, "int8", c.data.device, transpose_v=True)
+    eng.runner.kv_cache = eng.runner.attn.kv_cache = t
+    return t
+
+
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
     batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1,4,8,32").split(",")]
@@ -48,10 +57,7 @@ def main() -> None:
     rows = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src)
     model = rows.runner.model
     transposed = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src, model=model)
-    c = transposed.runner.kv_cache
-    t = Before(c.data.shape[0], c.num_blocks, c.block_size, c.data.shape[3], c.data.shape[4],
-                c.model_dtype, "int8", c.data.device, transpose_v=True)
-    transposed.runner.kv_cache = transposed.runner.attn.kv_cache = t
+    t = use_before(transposed)
     bf16 = LLMEngine(EngineConfig(kv_cache_dtype="auto", **cfg), src, model=model)
     engines = {"rows": rows, "transposed": transposed, "bf16": bf16}
     assert rows.runner.kv_cache.v_transposed is False and t.v_transposed is True

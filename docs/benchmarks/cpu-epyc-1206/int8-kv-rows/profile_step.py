@@ -1,6 +1,6 @@
 """torch.profiler over 10 decode steps of the CPU engine (SmolLM2, defaults otherwise) at
 batch 4 after 128-token prompts, with the KV cache given: ``auto`` (bf16), ``int8`` (V in
-rows, now) or ``int8-transposed`` (the tree before: ``ab.Before``).
+rows, now) or ``int8-transposed`` (the tree before: ``ab.use_before``).
 
     PYTHONPATH=. python docs/benchmarks/cpu-epyc-1206/int8-kv-rows/profile_step.py KIND
 """
@@ -14,17 +14,14 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.weights.loader import load_model_source
-from ab import Before  # this folder's A/B script (the script's folder is on sys.path)
+from ab import use_before  # this folder's A/B script (the script's folder is on sys.path)
 
 kind = sys.argv[1]
 eng = LLMEngine(EngineConfig(device="cpu", kv_cache_dtype=kind.removesuffix("-transposed"),
                              enable_prefix_caching=False, max_model_len=1024),
                 load_model_source("smollm2-135m-instruct"))
 if kind.endswith("-transposed"):
-    c = eng.runner.kv_cache
-    t = Before(c.data.shape[0], c.num_blocks, c.block_size, c.data.shape[3], c.data.shape[4],
-                c.model_dtype, "int8", c.data.device, transpose_v=True)
-    eng.runner.kv_cache = eng.runner.attn.kv_cache = t
+    use_before(eng)
 g = torch.Generator().manual_seed(0)
 for i in range(4):
     eng.add_request(f"r{i}", torch.randint(100, 40000, (128,), generator=g).tolist(),

@@ -4,6 +4,7 @@
 # with both cache dtypes; with ABLATION=1 the ablation table last (rows 1-7, batches 8-64).
 #   [KVS="int8 auto"] [BATCHES=64,128] [PASS_S=200] [SKIP_ENGINE=1] [ABLATION=1] bash docs/benchmarks/gpu-sweep/exact-prompts/int8-decode-rows/call.sh
 set -u
+KVS=${KVS:-int8 auto}
 # the wheels the device lacks (../shared/device/wheels.sh), each as it is: pip resolving
 # locust's whole tree there stopped on one missing package and installed none
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -11,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 python3 -c "import locust, pydantic" || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for kv in ${KVS:-int8 auto}; do
+for kv in $KVS; do
   PYTHON=python3 DEMO_BACKEND_MODEL=synthetic:llama-2-7b \
   DEMO_BACKEND_ARGS="--device cuda --max-num-seqs 128 --kv-cache-memory 40 --kv-cache-dtype $kv" \
   DEMO_BATCH_SIZES=${BATCHES:-64,128} DEMO_REQUESTS=100 DEMO_PROMPT_TOKENS=512 \
@@ -31,7 +32,7 @@ for r in rows:
 PY
 done
 # the device returns at most 8 files: each pass's folder goes back as one archive
-tar czf $OUT/sweep-results.tgz -C $OUT --exclude="*.jsonl" ${KVS:-int8 auto} && (cd $OUT && rm -rf ${KVS:-int8 auto})
+tar czf $OUT/sweep-results.tgz -C $OUT --exclude="*.jsonl" $KVS && (cd $OUT && rm -rf $KVS)
 [ -n "${SKIP_ENGINE:-}" ] || timeout 170 python3 -m benchmarks.attention --sections engine --engine-backends triton \
     --engine-kv-dtypes int8,auto --skip-long-context --json $OUT/engine.json 2>&1 \
     | grep -v Warning | tail -12
