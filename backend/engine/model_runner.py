@@ -99,7 +99,7 @@ class ModelRunner:
         self.kv_cache = KVCache(cfg.num_hidden_layers, self.num_blocks, self.block_size,
                                 cfg.num_key_value_heads, cfg.head_dim, self.dtype,
                                 config.kv_cache_dtype, self.device,
-                                transpose_v=self.attention == "triton")
+                                kernel_layout=self.attention == "triton")
         self.group = cfg.num_attention_heads // cfg.num_key_value_heads
         self.attention_kernel, sdpa_context = probe_attention_kernel(
             self.attention, self.device, self.dtype, cfg.num_key_value_heads, self.group,

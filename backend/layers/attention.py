@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from backend.layers.kv_cache import TRANSPOSED_V, KVCache
+from backend.layers.kv_cache import KVCache
 
 try:  # Triton is optional: the sdpa and math backends run without it
     from backend.layers import triton_attention
@@ -107,10 +107,11 @@ class Attention:
                              f"got {backend!r}")
         if backend == "triton" and triton_attention is None:
             raise ValueError("attention 'triton' needs the triton package")
-        if (backend == "triton" and kv_cache is not None
-                and kv_cache.kv_cache_dtype in TRANSPOSED_V and not kv_cache.v_transposed):
-            raise ValueError("attention 'triton' reads int8 V transposed within each block: "
-                             "a cache built with transpose_v=False holds it in rows")
+        if (backend == "triton" and kv_cache is not None and kv_cache.scales is not None
+                and not kv_cache.kernel_layout):
+            raise ValueError("attention 'triton' reads a quantised cache in its kernels' layout "
+                             "(int8 V transposed within each block, scales by head): a cache "
+                             "built with kernel_layout=False holds the torch path's")
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.group = num_heads // num_kv_heads

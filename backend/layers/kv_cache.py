@@ -11,13 +11,17 @@ tokens are adjacent (the attention kernels load a tile's scales in one coalesced
 - int8: symmetric, scale = amax / 127, values rounded and clamped to [-127, 127];
 - fp8_e4m3: scale = amax / 448 (the format's largest finite value), stored as uint8 bits
   because index_copy_/index_select are not implemented for float8 on every backend.
-Where the Triton kernels read the cache, int8 V is stored transposed within each block: the
-``block_size x head_dim`` bytes of one block's V rows for one head hold element (dim d,
-token t) at ``d * block_size + t`` (``v_transposed_index``), so that the decode kernel reads
-a block's tokens of one dimension as one contiguous run (``triton_attention._kv_tile``). K
-keeps one row per token. A cache for the torch path (``transpose_v=False``: the sdpa and math
-backends) keeps V in rows too, read with K in one ``index_select``; the transposed bytes
-would cost it a scattered gather and its index arithmetic in every layer of every step.
+Where the Triton kernels read the cache (``kernel_layout``), int8 V is stored transposed
+within each block: the ``block_size x head_dim`` bytes of one block's V rows for one head
+hold element (dim d, token t) at ``d * block_size + t`` (``v_transposed_index``), so that the
+decode kernel reads a block's tokens of one dimension as one contiguous run
+(``triton_attention._kv_tile``). K keeps one row per token.
+A cache for the torch path (``kernel_layout=False``: the sdpa and math backends) keeps V in
+rows, read with K in one ``index_select`` (the transposed bytes would cost it a scattered
+gather and its index arithmetic in every layer of every step), and its scales per token,
+``[num_layers, slots, 2, num_kv_heads]``: one ``index_select`` gathers a context's scales
+as the dense ``[N, 2, kvh]`` that multiplies its values, and a step's K and V are quantised
+together and written with one copy each (codes, scales).
 ``write``/``gather`` are the pure-torch reference path (quantise on write, dequantise on
 read) of the sdpa and math backends; the Triton backend quantises in its store kernel and
 dequantises inside its attention kernels (``triton_attention``).
@@ -48,9 +52,9 @@ def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_di
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, model_dtype: torch.dtype, kv_cache_dtype: str,
-                 device: torch.device, transpose_v: bool = True) -> None:
-        """``transpose_v``: int8 V in the Triton kernels' layout (above); False where only
-        ``write`` / ``gather`` read the cache."""
+                 device: torch.device, kernel_layout: bool = True) -> None:
+        """``kernel_layout``: int8 V and the scales in the Triton kernels' layout (above);
+        False where only ``write`` / ``gather`` read the cache."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.model_dtype = model_dtype
@@ -64,14 +68,21 @@ class KVCache:
         # (masked out anyway, but NaN * 0 in a matmul would still poison the row).
         self.data = torch.zeros(num_layers, slots, 2, num_kv_heads, head_dim,
                                 dtype=storage, device=device)
-        self.v_transposed = transpose_v and kv_cache_dtype in TRANSPOSED_V
+        self.kernel_layout = kernel_layout
+        self.v_transposed = kernel_layout and kv_cache_dtype in TRANSPOSED_V
         self.scales = None
         if kv_cache_dtype != "auto":
-            self.scales = torch.zeros(num_layers, 2, num_kv_heads, slots,
-                                      dtype=torch.float32, device=device)
+            shape = ((num_layers, 2, num_kv_heads, slots) if kernel_layout
+                     else (num_layers, slots, 2, num_kv_heads))
+            self.scales = torch.zeros(shape, dtype=torch.float32, device=device)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """slots: [T] long; k, v: [T, kvh, hd] in the model dtype."""
+        if self.scales is not None and not self.kernel_layout:
+            q, scale = quantise(torch.stack((k, v), 1), self.kv_cache_dtype)  # [T, 2, kvh]
+            self.data[layer].index_copy_(0, slots, q)
+            self.scales[layer].index_copy_(0, slots, scale)
+            return
         for c, x in enumerate((k, v)):
             if self.scales is None:
                 self.data[layer, :, c].index_copy_(0, slots, x)
@@ -104,6 +115,8 @@ class KVCache:
     def scales_at(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """slots: [N] long -> [N, 2, kvh] float32 scales (dense: they multiply every value
         of the gathered rows)."""
+        if not self.kernel_layout:
+            return self.scales[layer].index_select(0, slots)
         return self.scales[layer].index_select(2, slots).permute(2, 0, 1).contiguous()
 
 

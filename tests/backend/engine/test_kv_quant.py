@@ -25,23 +25,38 @@ def test_quantised_round_trip_within_format_precision(kind: str, rel_err: float)
     assert cache.gather(0, slots).abs().max() == 0  # other layer untouched
 
 
-def test_int8_v_in_rows_reads_back_as_the_transposed_layout_does() -> None:
-    """The torch path's cache keeps int8 V in rows; the Triton kernels' cache transposes it
-    within each block: the same writes read back the same values from both, and the bytes
-    differ (V of a written block is laid out otherwise)."""
-    caches = [KVCache(1, 4, 16, 3, 64, torch.float32, "int8", torch.device("cpu"),
-                      transpose_v=t) for t in (True, False)]
-    assert [c.v_transposed for c in caches] == [True, False]
-    kv = torch.randn(40, 2, 3, 64)
+@pytest.mark.parametrize("kind", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_torch_layout_reads_back_as_the_kernels_layout_does(kind: str,
+                                                                 dtype: torch.dtype) -> None:
+    """The torch path's cache keeps int8 V in rows and the scales per token; the Triton
+    kernels' cache transposes int8 V within each block and keeps the scales per head: the
+    same writes (two steps, the second overwriting slots of the first) read back the same
+    values from both, the same codes and scales sit in other places, and the Triton backend
+    refuses the torch layout."""
+    caches = [KVCache(2, 4, 16, 3, 64, dtype, kind, torch.device("cpu"), kernel_layout=t)
+              for t in (True, False)]
+    assert [c.v_transposed for c in caches] == [kind == "int8", False]
+    assert caches[0].scales.shape == (2, 2, 3, 80) and caches[1].scales.shape == (2, 80, 2, 3)
+    kv = (torch.randn(40, 2, 3, 64) * torch.logspace(-2, 1, 40).view(40, 1, 1, 1)).to(dtype)
     slots = torch.cat((torch.arange(16, 48), torch.tensor([3, 60, 61, 5, 50, 7, 0, 9])))
     for c in caches:
-        c.write(0, slots, kv[:, 0], kv[:, 1])
+        c.write(1, slots, kv[:, 0], kv[:, 1])
+        c.write(1, slots[:5], kv[:5, 1], kv[:5, 0])  # a later step's tokens in slots 16-20
     idx = torch.randperm(64)
-    assert torch.equal(caches[0].gather(0, idx), caches[1].gather(0, idx))
+    back = caches[1].gather(1, idx)
+    assert back.dtype == dtype and back.shape == (64, 2, 3, 64)
+    assert torch.equal(caches[0].gather(1, idx), back)
+    assert torch.equal(back[idx == 17][0, 0], caches[1].gather(1, torch.tensor([17]))[0, 0])
+    assert torch.equal(caches[0].scales[1].permute(2, 0, 1), caches[1].scales[1])
     assert torch.equal(caches[0].data[:, :, 0], caches[1].data[:, :, 0])  # K: rows in both
-    assert not torch.equal(caches[0].data[:, :, 1], caches[1].data[:, :, 1])
-    with pytest.raises(ValueError, match="transposed"):
+    assert torch.equal(caches[0].data[:, :, 1], caches[1].data[:, :, 1]) == (kind != "int8")
+    assert caches[1].gather(0, idx).abs().max() == 0  # the other layer untouched
+    with pytest.raises(ValueError, match="kernels' layout"):
         Attention(9, 3, 64, "triton", caches[1])
+    # a bf16 cache has no scales and no transposed V: either layout serves the kernels
+    Attention(9, 3, 64, "triton", KVCache(1, 4, 16, 3, 64, torch.bfloat16, "auto",
+                                          torch.device("cpu"), kernel_layout=False))
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "math"])
@@ -51,6 +66,7 @@ def test_the_engine_keeps_int8_v_in_rows_for_the_torch_attention(smollm2_source,
                                     max_model_len=256, kv_cache_memory_gib=0.05,
                                     cpu_aot_kernels="off"), smollm2_source)
     assert engine.runner.kv_cache.v_transposed is False
+    assert engine.runner.kv_cache.kernel_layout is False
 
 
 def test_int8_and_fp8_quality_on_smollm2(smollm2_source) -> None:

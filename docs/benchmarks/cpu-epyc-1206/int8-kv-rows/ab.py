@@ -42,7 +42,7 @@ def use_before(eng: LLMEngine) -> KVCache:
     """Swaps the engine's int8 cache for a ``Before`` of the same shape (V transposed)."""
     c = eng.runner.kv_cache
     t = Before(c.data.shape[0], c.num_blocks, c.block_size, c.data.shape[3], c.data.shape[4],
-               c.model_dtype, "int8", c.data.device, transpose_v=True)
+               c.model_dtype, "int8", c.data.device, kernel_layout=True)
     eng.runner.kv_cache = eng.runner.attn.kv_cache = t
     return t
 

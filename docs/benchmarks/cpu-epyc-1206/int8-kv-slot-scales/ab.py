@@ -1,0 +1,79 @@
+"""A/B in one process: the CPU engine with an int8 KV cache (SmolLM2, the CPU defaults
+otherwise) keeping its scales per token and quantising a step's K and V together ("slot":
+the torch attention path's layout now) or as the tree before did ("head": V in rows, the
+scales per head as the Triton kernels read them, gathered then permuted into a dense copy,
+K and V quantised and written one after the other: ``Head``), two engines on one model,
+alternating round by round, the order swapped every round; the bf16 cache ("bf16") beside
+them. Per round and engine: the mean decode step of ``batch`` sequences with PROMPT-token
+prompts over 32 steps after their prefills (``copy_ab.decode_ms``).
+
+    PYTHONPATH=. python docs/benchmarks/cpu-epyc-1206/int8-kv-slot-scales/ab.py \
+        [ROUNDS] [BATCHES] [PROMPT]
+"""
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.layers.kv_cache import KVCache, quantise
+from backend.weights.loader import load_model_source
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "cpu-epyc-1205"))
+from copy_ab import decode_ms  # noqa: E402
+
+
+class Head(KVCache):
+    """The tree before: V in rows, scales [layers, 2, kvh, slots], K and V apart."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args, kernel_layout=True)
+        self.v_transposed = False
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        for c, x in enumerate((k, v)):
+            q, scale = quantise(x, self.kv_cache_dtype)
+            self.data[layer, :, c].index_copy_(0, slots, q)
+            self.scales[layer, c].index_copy_(1, slots, scale.t())
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1,4,8,32").split(",")]
+    prompt = int(sys.argv[3]) if len(sys.argv) > 3 else 256
+    src = load_model_source("smollm2-135m-instruct")
+    cfg = dict(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
+               enable_prefix_caching=False)
+    slot = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src)
+    model = slot.runner.model
+    head = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src, model=model)
+    c = head.runner.kv_cache
+    h = Head(c.data.shape[0], c.num_blocks, c.block_size, c.data.shape[3], c.data.shape[4],
+             c.model_dtype, "int8", c.data.device)
+    head.runner.kv_cache = head.runner.attn.kv_cache = h
+    bf16 = LLMEngine(EngineConfig(kv_cache_dtype="auto", **cfg), src, model=model)
+    engines = {"slot": slot, "head": head, "bf16": bf16}
+    assert slot.runner.kv_cache.kernel_layout is False and h.scales.shape[1] == 2
+    out = {"load_start": os.getloadavg(), "prompt_tokens": prompt, "samples": {}}
+    for eng in engines.values():
+        decode_ms(eng, 4, 4, 32)  # warm-up
+    order = list(engines)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            s = out["samples"].setdefault(name, {})
+            for b in batches:
+                s.setdefault(f"step_ms_batch{b}", []).append(round(decode_ms(engines[name], b,
+                                                                               32, prompt), 2))
+            print(r, name, {k: v[-1] for k, v in s.items()}, file=sys.stderr, flush=True)
+    out["medians"] = {n: {k: statistics.median(v) for k, v in s.items()}
+                      for n, s in out["samples"].items()}
+    out["load_end"] = os.getloadavg()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
