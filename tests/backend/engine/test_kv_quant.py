@@ -47,7 +47,6 @@ def test_the_torch_layout_reads_back_as_the_kernels_layout_does(kind: str,
     back = caches[1].gather(1, idx)
     assert back.dtype == dtype and back.shape == (64, 2, 3, 64)
     assert torch.equal(caches[0].gather(1, idx), back)
-    assert torch.equal(back[idx == 17][0, 0], caches[1].gather(1, torch.tensor([17]))[0, 0])
     assert torch.equal(caches[0].scales[1].permute(2, 0, 1), caches[1].scales[1])
     assert torch.equal(caches[0].data[:, :, 0], caches[1].data[:, :, 0])  # K: rows in both
     assert torch.equal(caches[0].data[:, :, 1], caches[1].data[:, :, 1]) == (kind != "int8")
