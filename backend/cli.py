@@ -9,8 +9,9 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from backend.engine.config import (CPU_AOT_MODES, DEFAULT_MAX_PREFILL_TOKENS, MODEL_DTYPES,
-                                   PREFILL_DENSE_MAX_GIB, EngineConfig)
+from backend.engine.config import (CPU_AOT_MODES, DEFAULT_MAX_PREFILL_TOKENS,
+                                   GPU_PREFILL_DENSE_SHARE, MODEL_DTYPES, PREFILL_DENSE_MAX_GIB,
+                                   EngineConfig)
 from backend.schema import describe
 from backend.server.config import DEFAULT_MODEL, PROFILE_TOKEN_ENV, ServerConfig
 
@@ -68,10 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "On the CPU bf16 dense layers keep a copy reordered for oneDNN that "
                         "every call uses. auto = on when all copies fit "
                         "--prefill-dense-max-gib (default: %(default)s)")
-    p.add_argument("--prefill-dense-max-gib", type=float, default=PREFILL_DENSE_MAX_GIB,
-                   metavar="GiB",
-                   help="memory the weight copies may take under "
-                        "--prefill-dense-weights auto (default: %(default)s)")
+    p.add_argument("--prefill-dense-max-gib", type=float, default=None, metavar="GiB",
+                   help="memory the weight copies may take under --prefill-dense-weights "
+                        f"auto (default: {PREFILL_DENSE_MAX_GIB:g} GiB on the CPU, on a GPU "
+                        f"{GPU_PREFILL_DENSE_SHARE * 100:g}%% of its memory)")
     p.add_argument("--cpu-aot-kernels", default="auto", choices=CPU_AOT_MODES,
                    help="one-token CPU steps through code compiled ahead of time, kept in the "
                         "weights cache (the int8 LM head's GEMV, the quantised layers' work "

@@ -11,10 +11,25 @@ from backend.schema import Schema, check_choice
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4 kernel accepts
 # prefill_dense_weights=auto keeps the weight copies (dense copies of the quantised layers;
 # on the CPU also oneDNN-reordered copies of bf16 dense layers) when all of them together fit
-# this many GiB (SmolLM2-135M's take 0.2 GiB in bf16, a 1 B int4 model's 2 GiB would not:
-# there the copies would outweigh the codes several times; a 7 B model's 12-13 GiB neither,
-# so on a GPU they are asked for with "on" or a larger budget)
+# a budget. On the CPU this many GiB (SmolLM2-135M's take 0.2 GiB in bf16, a 1 B int4
+# model's 2 GiB would not: there the copies would outweigh the codes several times).
 PREFILL_DENSE_MAX_GIB = 1.0
+# On a GPU this share of its memory: a 7 B model's 12 GiB of bf16 copies on an 80 GB card,
+# where int4 served through them matched or beat bf16's output at every batch size and
+# kept bf16's TTFT, 7 ms under the per-call pass (docs/BENCHMARKS.md "The sweep with
+# quantised weights"); not on a 24 GB card, where they would take most of the KV cache.
+GPU_PREFILL_DENSE_SHARE = 0.25
+
+
+def prefill_dense_budget(max_gib: float | None, device_type: str,
+                         device_bytes: int | None = None) -> int:
+    """Bytes the weight copies may take under ``prefill_dense_weights=auto``: the setting,
+    else a GPU's share of its memory (``device_bytes``), else ``PREFILL_DENSE_MAX_GIB``."""
+    if max_gib is not None:
+        return int(max_gib * 2**30)
+    if device_type == "cuda" and device_bytes:
+        return int(device_bytes * GPU_PREFILL_DENSE_SHARE)
+    return int(PREFILL_DENSE_MAX_GIB * 2**30)
 # The default per-step prefill budget (tokens), below the step's whole budget: on the H200
 # sweep (7B, 512-token prompts) it kept TTFT p99 under 200 ms up to 128 streams at the same
 # output rate, where the whole 2,048-token budget missed it from 64 (docs/BENCHMARKS.md). A
@@ -69,7 +84,8 @@ class EngineConfig(Schema):
     # rows), which then skip dequantising per call; smaller steps keep the packed kernels.
     # auto = when the copies fit the budget below
     prefill_dense_weights: str = "auto"
-    prefill_dense_max_gib: float = Field(PREFILL_DENSE_MAX_GIB, ge=0)
+    # auto's budget; None = by device (``prefill_dense_budget``)
+    prefill_dense_max_gib: float | None = Field(None, ge=0)
     # One-token CPU steps through code compiled ahead of time (backend.engine.aot_kernels):
     # the int8 LM head's GEMV and the quantised layers' work between attention calls. auto =
     # where a package is in the weights cache; build = compile what is missing at start

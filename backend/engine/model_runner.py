@@ -12,7 +12,7 @@ import torch
 
 from backend.engine.aot_kernels import AotKernels
 from backend.engine.aot_kernels import attach as attach_aot_kernels
-from backend.engine.config import EngineConfig
+from backend.engine.config import EngineConfig, prefill_dense_budget
 from backend.engine.cuda_graph import StepGraphs
 from backend.engine.kernels import probe_attention_kernel, resolve_attention
 from backend.engine.nvtx import NvtxRanges
@@ -85,9 +85,11 @@ class ModelRunner:
         else:
             self.model, self.weights_scaling = self._build_model(config, source, max_model_len)
         # After loading: the copies are built from the packed codes, never from a float file.
+        device_bytes = torch.cuda.get_device_properties(self.device).total_memory \
+            if self.device.type == "cuda" else None
         self.prefill_dense: PrefillDense = keep_prefill_dense(
             self.model.modules(), config.prefill_dense_weights,
-            int(config.prefill_dense_max_gib * 2**30))
+            prefill_dense_budget(config.prefill_dense_max_gib, self.device.type, device_bytes))
         if self.prefill_dense.enabled:
             log.info("dense weight copies (--prefill-dense-weights): %d layers (%.1f MiB)",
                      self.prefill_dense.layers, self.prefill_dense.bytes / 2**20)

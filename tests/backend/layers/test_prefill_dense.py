@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.engine.config import PREFILL_DENSE_MAX_GIB, EngineConfig
+from backend.engine.config import (GPU_PREFILL_DENSE_SHARE, PREFILL_DENSE_MAX_GIB, EngineConfig,
+                                   prefill_dense_budget)
 from backend.engine.llm_engine import LLMEngine
 from backend.layers import cpu_dequant
 from backend.layers.linear import (DenseLinear, LinearRows, WeightFormat, keep_prefill_dense,
@@ -160,6 +161,21 @@ def test_auto_on_off_and_the_budget():
         keep_prefill_dense(model.modules(), "always", 0)
 
 
+def test_auto_budget_by_device():
+    """Unset, auto's budget is 1 GiB on the CPU and a quarter of a GPU's memory (a 7 B
+    model's 12 GiB of copies fit an 80 GB card, not a 24 GB one); a setting wins on both."""
+    gib = 2**30
+    assert prefill_dense_budget(None, "cpu") == int(PREFILL_DENSE_MAX_GIB * gib) == gib
+    assert prefill_dense_budget(None, "cpu", 80 * gib) == gib  # a CPU's RAM is not the measure
+    assert prefill_dense_budget(None, "cuda", 80 * gib) == int(80 * gib * GPU_PREFILL_DENSE_SHARE)
+    copies_7b = int(12.06 * gib)
+    assert prefill_dense_budget(None, "cuda", 80 * gib) >= copies_7b
+    assert prefill_dense_budget(None, "cuda", 24 * gib) < copies_7b
+    assert prefill_dense_budget(0.5, "cuda", 80 * gib) == prefill_dense_budget(0.5, "cpu") \
+        == gib // 2
+    assert prefill_dense_budget(0.0, "cuda", 80 * gib) == 0
+
+
 def test_float32_dense_weights_have_nothing_to_keep():
     model = _model("dense", "model", torch.float32)
     assert isinstance(model.lm_head, DenseLinear)
@@ -200,7 +216,7 @@ def test_engine_reports_its_choice_and_scores_the_same():
     base = dict(weights_dtype="int4", lm_head_dtype="int8", dtype="bfloat16",
                 kv_cache_memory_gib=0.01, max_model_len=256)
     assert EngineConfig().prefill_dense_weights == "auto"
-    assert EngineConfig().prefill_dense_max_gib == PREFILL_DENSE_MAX_GIB
+    assert EngineConfig().prefill_dense_max_gib is None  # by device: 1 GiB on the CPU
     stats, scores = {}, {}
     for name, extra in {"auto": {}, "off": {"prefill_dense_weights": "off"},
                         "small": {"prefill_dense_max_gib": 1e-6}}.items():

@@ -43,7 +43,7 @@ def test_flags_map_onto_engine_and_server_config():
         "--weights-dtype", "int4", "--int4-group-size", "128", "--lm-head-dtype", "int8"]))
     assert (q.engine.weights_dtype, q.engine.int4_group_size, q.engine.lm_head_dtype) == (
         "int4", 128, "int8")
-    assert (d.engine.prefill_dense_weights, d.engine.prefill_dense_max_gib) == ("auto", 1.0)
+    assert (d.engine.prefill_dense_weights, d.engine.prefill_dense_max_gib) == ("auto", None)
     p = config_from_args(build_parser().parse_args([
         "--prefill-dense-weights", "off", "--prefill-dense-max-gib", "0.25"]))
     assert (p.engine.prefill_dense_weights, p.engine.prefill_dense_max_gib) == ("off", 0.25)
