@@ -61,6 +61,14 @@ def main() -> None:
     bf16 = LLMEngine(EngineConfig(kv_cache_dtype="auto", **cfg), src, model=model)
     engines = {"rows": rows, "transposed": transposed, "bf16": bf16}
     assert rows.runner.kv_cache.v_transposed is False and t.v_transposed is True
+    print(json.dumps(alternate(engines, rounds, batches, prompt)))
+
+
+def alternate(engines: dict[str, LLMEngine], rounds: int, batches: list[int],
+              prompt: int) -> dict:
+    """Each round every engine in turn (the order reversed every other round) decodes each
+    batch: the mean step over 32 steps after PROMPT-token prompts; the samples, their
+    medians and the load before and after."""
     out = {"load_start": os.getloadavg(), "prompt_tokens": prompt, "samples": {}}
     for eng in engines.values():
         decode_ms(eng, 4, 4, 32)  # warm-up
@@ -75,7 +83,7 @@ def main() -> None:
     out["medians"] = {n: {k: statistics.median(v) for k, v in s.items()}
                       for n, s in out["samples"].items()}
     out["load_end"] = os.getloadavg()
-    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":

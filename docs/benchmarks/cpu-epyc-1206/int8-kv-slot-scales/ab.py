@@ -5,14 +5,13 @@ scales per head as the Triton kernels read them, gathered then permuted into a d
 K and V quantised and written one after the other: ``Head``), two engines on one model,
 alternating round by round, the order swapped every round; the bf16 cache ("bf16") beside
 them. Per round and engine: the mean decode step of ``batch`` sequences with PROMPT-token
-prompts over 32 steps after their prefills (``copy_ab.decode_ms``).
+prompts over 32 steps after their prefills (``int8-kv-rows/ab.alternate``).
 
     PYTHONPATH=. python docs/benchmarks/cpu-epyc-1206/int8-kv-slot-scales/ab.py \
         [ROUNDS] [BATCHES] [PROMPT]
 """
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -22,9 +21,9 @@ from backend.engine.llm_engine import LLMEngine
 from backend.layers.kv_cache import KVCache, quantise
 from backend.weights.loader import load_model_source
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "cpu-epyc-1205"))
-from copy_ab import decode_ms  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                "int8-kv-rows"))
+from ab import alternate  # noqa: E402  (the int8-kv-rows A/B's round loop)
 
 
 class Head(KVCache):
@@ -58,21 +57,7 @@ def main() -> None:
     bf16 = LLMEngine(EngineConfig(kv_cache_dtype="auto", **cfg), src, model=model)
     engines = {"slot": slot, "head": head, "bf16": bf16}
     assert slot.runner.kv_cache.kernel_layout is False and h.scales.shape[1] == 2
-    out = {"load_start": os.getloadavg(), "prompt_tokens": prompt, "samples": {}}
-    for eng in engines.values():
-        decode_ms(eng, 4, 4, 32)  # warm-up
-    order = list(engines)
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
-            s = out["samples"].setdefault(name, {})
-            for b in batches:
-                s.setdefault(f"step_ms_batch{b}", []).append(round(decode_ms(engines[name], b,
-                                                                               32, prompt), 2))
-            print(r, name, {k: v[-1] for k, v in s.items()}, file=sys.stderr, flush=True)
-    out["medians"] = {n: {k: statistics.median(v) for k, v in s.items()}
-                      for n, s in out["samples"].items()}
-    out["load_end"] = os.getloadavg()
-    print(json.dumps(out))
+    print(json.dumps(alternate(engines, rounds, batches, prompt)))
 
 
 if __name__ == "__main__":

@@ -23,17 +23,7 @@ for w in $WEIGHTS; do
   DEMO_OUTPUT_TOKENS=64 DEMO_SLO_MS=200 DEMO_OUT="$OUT/$d" timeout ${PASS_S:-170} deploy/demo.sh \
       > "$OUT/sweep-$d.log" 2>&1
   echo "== $d rc=$?"
-  python3 - "$OUT/$d/results.json" <<'PY'
-import json, sys
-try:
-    rows = json.load(open(sys.argv[1]))
-except OSError as e:
-    sys.exit(f"no results: {e}")
-rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
-for r in rows:
-    print({k: r.get(k) for k in ("batch_size", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
-                                 "output_tok_s", "output_tok_s_steady")})
-PY
+  python3 docs/benchmarks/gpu-sweep/exact-prompts/print_rows.py "$OUT/$d/results.json"
 done
 # the device returns at most 8 files: each pass's folder goes back as one archive
 tar czf $OUT/sweep-results.tgz -C $OUT --exclude="*.jsonl" $DIRS && (cd $OUT && rm -rf $DIRS)
