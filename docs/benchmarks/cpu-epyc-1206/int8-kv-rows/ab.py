@@ -3,8 +3,9 @@ otherwise) keeping V in rows ("rows": the torch attention path's layout now, deq
 from dense scales in place) or as the tree before read it ("transposed": V transposed
 within each block as the Triton kernels read it, ``Before.gather`` the gather of that
 tree), two engines on one model, alternating round by round, the order swapped every round;
-the bf16 cache ("bf16") beside them. Per round and engine: the mean decode step of ``batch`` sequences with
-PROMPT-token prompts over 32 steps after their prefills (``copy_ab.decode_ms``).
+the bf16 cache ("bf16") beside them. Per round and engine: the mean decode step of
+``batch`` sequences with PROMPT-token prompts over 32 steps after their prefills
+(``copy_ab.decode_ms``).
 
     PYTHONPATH=. python docs/benchmarks/cpu-epyc-1206/int8-kv-rows/ab.py [ROUNDS] [BATCHES] [PROMPT]
 """
@@ -48,20 +49,31 @@ def use_before(eng: LLMEngine) -> KVCache:
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
-    batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1,4,8,32").split(",")]
-    prompt = int(sys.argv[3]) if len(sys.argv) > 3 else 256
-    src = load_model_source("smollm2-135m-instruct")
-    cfg = dict(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
-               enable_prefix_caching=False)
-    rows = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src)
-    model = rows.runner.model
-    transposed = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src, model=model)
+    rounds, batches, prompt = arguments()
+    rows, transposed, bf16 = three_engines()
     t = use_before(transposed)
-    bf16 = LLMEngine(EngineConfig(kv_cache_dtype="auto", **cfg), src, model=model)
     engines = {"rows": rows, "transposed": transposed, "bf16": bf16}
     assert rows.runner.kv_cache.v_transposed is False and t.v_transposed is True
     print(json.dumps(alternate(engines, rounds, batches, prompt)))
+
+
+def arguments() -> tuple[int, list[int], int]:
+    """[ROUNDS] [BATCHES] [PROMPT] from the command line."""
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1,4,8,32").split(",")]
+    prompt = int(sys.argv[3]) if len(sys.argv) > 3 else 256
+    return rounds, batches, prompt
+
+
+def three_engines() -> tuple[LLMEngine, LLMEngine, LLMEngine]:
+    """Two int8 K/V engines and a bf16 K/V one on one SmolLM2 model (CPU defaults)."""
+    src = load_model_source("smollm2-135m-instruct")
+    cfg = dict(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
+               enable_prefix_caching=False)
+    first = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src)
+    model = first.runner.model
+    return (first, LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src, model=model),
+            LLMEngine(EngineConfig(kv_cache_dtype="auto", **cfg), src, model=model))
 
 
 def alternate(engines: dict[str, LLMEngine], rounds: int, batches: list[int],

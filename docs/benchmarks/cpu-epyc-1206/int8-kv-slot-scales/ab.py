@@ -16,14 +16,11 @@ import sys
 
 import torch
 
-from backend.engine.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
 from backend.layers.kv_cache import KVCache, quantise
-from backend.weights.loader import load_model_source
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                 "int8-kv-rows"))
-from ab import alternate  # noqa: E402  (the int8-kv-rows A/B's round loop)
+from ab import alternate, arguments, three_engines  # noqa: E402  (the int8-kv-rows A/B)
 
 
 class Head(KVCache):
@@ -41,20 +38,12 @@ class Head(KVCache):
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
-    batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1,4,8,32").split(",")]
-    prompt = int(sys.argv[3]) if len(sys.argv) > 3 else 256
-    src = load_model_source("smollm2-135m-instruct")
-    cfg = dict(kv_cache_memory_gib=0.5, max_model_len=1024, max_num_seqs=64,
-               enable_prefix_caching=False)
-    slot = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src)
-    model = slot.runner.model
-    head = LLMEngine(EngineConfig(kv_cache_dtype="int8", **cfg), src, model=model)
+    rounds, batches, prompt = arguments()
+    slot, head, bf16 = three_engines()
     c = head.runner.kv_cache
     h = Head(c.data.shape[0], c.num_blocks, c.block_size, c.data.shape[3], c.data.shape[4],
              c.model_dtype, "int8", c.data.device)
     head.runner.kv_cache = head.runner.attn.kv_cache = h
-    bf16 = LLMEngine(EngineConfig(kv_cache_dtype="auto", **cfg), src, model=model)
     engines = {"slot": slot, "head": head, "bf16": bf16}
     assert slot.runner.kv_cache.kernel_layout is False and h.scales.shape[1] == 2
     print(json.dumps(alternate(engines, rounds, batches, prompt)))
