@@ -94,15 +94,17 @@ class KVCache:
                 self.data[layer, :, c].index_copy_(0, slots, q)
             self.scales[layer, c].index_copy_(1, slots, scale.t())  # [kvh, slots]
 
-    def gather(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
-        """idx: [...] long slot indices -> [..., 2, kvh, hd] in the model dtype."""
+    def gather(self, layer: int, idx: torch.Tensor,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        """idx: [...] long slot indices -> [..., 2, kvh, hd] in the model dtype; a quantised
+        cache's values in ``dtype`` where given."""
         flat = idx.reshape(-1)
         kv = self.data[layer].index_select(0, flat)
         if self.v_transposed:
             kv[:, 1] = self._v_rows(layer)[self._v_index(flat)].transpose(1, 2)
         if self.scales is not None:
             kv = dequantise(kv, self.scales_at(layer, flat), self.kv_cache_dtype,
-                            self.model_dtype)
+                            dtype or self.model_dtype)
         return kv.view(*idx.shape, *kv.shape[1:])
 
     def _v_rows(self, layer: int) -> torch.Tensor:

@@ -63,3 +63,49 @@ def test_a_long_chunk_in_query_tiles_matches_one_causal_softmax(prior, monkeypat
                                atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[:1], _reference(q[:1], keys[0], values[0], decode_ctx - 1),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_int8_cpu_decode_rows_attend_in_float32_from_the_threshold(monkeypatch) -> None:
+    """Decode rows of a bf16 model over an int8 CPU cache: from ``F32_DECODE_MIN_TOKENS``
+    gathered tokens they attend the dequantised values in float32 (the masks of shorter rows
+    too) and return the model dtype; below it, in bf16 as before. The float32 path is at least
+    as close to a float32 softmax over the dequantised values, rows of unequal length
+    included."""
+    gen = torch.Generator().manual_seed(3)
+    lens = [300, 280, 261, 257]
+    D, C = len(lens), max(lens)
+    nb = -(-C // BS)
+    cache = KVCache(1, D * nb, BS, KVH, HD, torch.bfloat16, "int8", torch.device("cpu"),
+                    kernel_layout=False)
+    tables = torch.arange(D * nb, dtype=torch.int32).flip(0).view(D, nb)  # scrambled pages
+    slots = [torch.tensor([int(tables[r, p // BS]) * BS + p % BS for p in range(n)])
+             for r, n in enumerate(lens)]
+    for r, n in enumerate(lens):  # all but the last token of each row: earlier steps
+        kv = torch.randn(n, 2, KVH, HD, generator=gen).bfloat16()
+        cache.write(0, slots[r][:-1], kv[:-1, 0], kv[:-1, 1])
+        slots[r] = (slots[r], kv[-1])
+    q = torch.randn(D, KVH * GROUP, HD, generator=gen).bfloat16()
+    attn = Attention(KVH * GROUP, KVH, HD, "sdpa", cache)
+
+    def step(threshold: int) -> tuple[torch.Tensor, torch.dtype, torch.Tensor | None]:
+        monkeypatch.setattr(attention_module, "F32_DECODE_MIN_TOKENS", threshold)
+        meta = attn.prepare(AttentionMetadata(
+            slot_mapping=torch.stack([s[-1] for s, _ in slots]), block_tables=tables,
+            context_lens=torch.tensor(lens, dtype=torch.int32),
+            query_start_loc=torch.arange(D + 1, dtype=torch.int32), num_decode=D,
+            max_decode_context=C, min_decode_context=min(lens)))
+        _, mask, attend = meta.extra["decode"]
+        last = torch.stack([kv for _, kv in slots])  # [D, 2, kvh, hd]
+        return attn.forward(0, q, last[:, 0], last[:, 1], meta), attend, mask
+
+    assert D * C >= attention_module.F32_DECODE_MIN_TOKENS == 1024
+    f32, attend32, mask32 = step(1024)
+    b16, attend16, mask16 = step(D * C + 1)
+    assert (attend32, mask32.dtype, attend16, mask16.dtype) == (
+        torch.float32, torch.float32, torch.bfloat16, torch.bfloat16)
+    assert f32.dtype == b16.dtype == torch.bfloat16
+    want = torch.cat([_reference(q[r:r + 1].float(),
+                                 *cache.gather(0, s, torch.float32).unbind(1), n - 1)
+                      for r, ((s, _), n) in enumerate(zip(slots, lens))])
+    err32, err16 = ((x.float() - want).abs().max().item() for x in (f32, b16))
+    assert err32 <= err16 and err32 < 1e-2
