@@ -30,6 +30,8 @@ def prefill_dense_budget(max_gib: float | None, device_type: str,
     if device_type == "cuda" and device_bytes:
         return int(device_bytes * GPU_PREFILL_DENSE_SHARE)
     return int(PREFILL_DENSE_MAX_GIB * 2**30)
+
+
 # The default per-step prefill budget (tokens), below the step's whole budget: on the H200
 # sweep (7B, 512-token prompts) it kept TTFT p99 under 200 ms up to 128 streams at the same
 # output rate, where the whole 2,048-token budget missed it from 64 (docs/BENCHMARKS.md). A
