@@ -5,13 +5,7 @@
 #   [KVS="int8 auto"] [BATCHES=64,128] [PASS_S=200] [SKIP_ENGINE=1] [ABLATION=1] bash docs/benchmarks/gpu-sweep/exact-prompts/int8-decode-rows/call.sh
 set -u
 KVS=${KVS:-int8 auto}
-# the wheels the device lacks (../shared/device/wheels.sh), each as it is: pip resolving
-# locust's whole tree there stopped on one missing package and installed none
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl 2>&1 | grep -v "Running pip as" | tail -2
-export PYTHONPATH=/tmp/site:$PWD
-python3 -c "import locust, pydantic" || exit 1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
 for kv in $KVS; do
   PYTHON=python3 DEMO_BACKEND_MODEL=synthetic:llama-2-7b \
   DEMO_BACKEND_ARGS="--device cuda --max-num-seqs 128 --kv-cache-memory 40 --kv-cache-dtype $kv" \

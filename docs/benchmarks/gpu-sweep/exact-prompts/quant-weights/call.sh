@@ -8,11 +8,7 @@
 # Each pass's folder is named for its format and TAG.
 set -u
 WEIGHTS=${WEIGHTS:-int4 int8 bf16}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl 2>&1 | grep -v "Running pip as" | tail -2
-export PYTHONPATH=/tmp/site:$PWD
-python3 -c "import locust, pydantic" || exit 1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
 DIRS=""
 for w in $WEIGHTS; do
   d=$w${TAG:-}
