@@ -1,7 +1,9 @@
 """The CPU code the engine runs compiled ahead of time (``backend.layers.cpu_aot``) in
 steps of few rows: the int8 LM head's one-row GEMV and the quantised layers' work between
 attention calls (``backend.engine.aot_layers``: one package for one-row steps, one for
-steps of 2 up to 8 rows (int4; 3 for int8)). Packages live in the weights cache,
+steps of 2 up to 8 rows (int4; 3 for int8)); and, in steps of any size, the decode rows'
+attention over a bf16 / float32 cache read in place (``backend.layers.cpu_paged_decode``, a
+C++ library, CPUs with AVX-512F). Packages live in the weights cache,
 ``$FIRSTTOKEN_CACHE/kernels`` (default ``~/.cache/firsttoken/kernels``), one per shape and
 machine; ``make model`` builds the embedded model's. At start the engine loads a package
 that is there (``--cpu-aot-kernels auto``), compiles a missing one first (``build``, 10-40 s
@@ -19,7 +21,9 @@ from typing import TypeVar
 import torch
 
 from backend.engine import aot_layers
-from backend.layers import cpu_aot
+from backend.layers import cpu_aot, cpu_paged_decode
+from backend.layers.attention import Attention, AttentionMetadata
+from backend.layers.kv_cache import KVCache
 from backend.layers.linear import Int8Linear
 from backend.model import LlamaModel
 from backend.weights.paths import cache_root
@@ -34,8 +38,9 @@ BUILD_HINT = "python -m backend.engine.build_kernels --model MODEL builds it"
 class AotKernels:
     """What became of the LM head's compiled one-row kernel (``/health``), and in
     ``layers`` / ``few_rows_layers`` of the layer pieces for one-row steps / steps of 2 to
-    ``rows`` rows (``backend.engine.aot_layers``), the same fields: {"status", "reason",
-    "path", "build_seconds"} (and "rows": [first, last] for the second)."""
+    ``rows`` rows (``backend.engine.aot_layers``) and in ``decode_attention`` of the paged
+    decode kernel (``backend.layers.cpu_paged_decode``), the same fields: {"status",
+    "reason", "path", "build_seconds"} (and "rows": [first, last] for the second)."""
 
     mode: str  # --cpu-aot-kernels
     lm_head: str  # loaded, built, not built, not used, off, failed
@@ -44,6 +49,7 @@ class AotKernels:
     build_seconds: float | None = None
     layers: dict = field(default_factory=dict)
     few_rows_layers: dict = field(default_factory=dict)
+    decode_attention: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -53,15 +59,68 @@ def kernels_dir() -> Path:
     return cache_root() / "kernels"
 
 
-def attach(model: LlamaModel, mode: str) -> AotKernels:
+def attach(model: LlamaModel, attn: Attention, mode: str) -> AotKernels:
     """Gives the model on the CPU its compiled one-token kernels, per ``mode``, after the
     step ops are chosen (compiled step ops get none): the int8 LM head's one-row GEMV and
-    the layer pieces between attention calls. A package that does not load, or whose output
-    differs from the eager path's on the model's own weights, is not used (the engine runs
-    the eager path and says why)."""
+    the layer pieces between attention calls; and ``attn`` its paged decode kernel. A
+    package that does not load, or whose output differs from the eager path's on the model's
+    own weights, is not used (the engine runs the eager path and says why)."""
     head = attach_head(model, mode)
     one, few = attach_layers(model, mode)
-    return replace(head, layers=one, few_rows_layers=few)
+    return replace(head, layers=one, few_rows_layers=few,
+                   decode_attention=attach_decode_attention(model, attn, mode))
+
+
+def attach_decode_attention(model: LlamaModel, attn: Attention, mode: str) -> dict:
+    """``attn.cpu_decode``: the paged decode kernel, where the step is eager on the CPU,
+    the backend sdpa over a bf16 / float32 cache, and the library loads and agrees with the
+    torch path on a made-up cache; its ``_status``."""
+    attn.cpu_decode = None
+    if mode == "off":
+        return _status("off", "--cpu-aot-kernels off")
+    if model.device.type != "cpu" or not attn.cpu_decode_serves():
+        return _status("not used", "the sdpa backend over a bf16 / float32 cache on the CPU, "
+                       "16 to 256 dims a head (powers of two), up to 8 query heads a KV head")
+    if model.compiled_pieces:
+        return _status("not used", "--compile: the compiled step keeps the torch path")
+    why = cpu_paged_decode.why_not_here()
+    if why is not None:
+        return _status("not used", why)
+    directory = kernels_dir()
+    kernel, status = _load_or_build(
+        "the paged decode attention", directory / cpu_paged_decode.library_name(), mode,
+        lambda: cpu_paged_decode.build(directory),
+        lambda: _checked_decode(cpu_paged_decode.load(directory), attn))
+    attn.cpu_decode = kernel
+    return status
+
+
+def _checked_decode(kernel: cpu_paged_decode.PagedDecode, attn: Attention
+                    ) -> cpu_paged_decode.PagedDecode:
+    """The kernel against the torch path (gather + SDPA) on a small made-up cache of the
+    model's shapes: three rows of 1, 70 and 200 positions over scattered blocks."""
+    cache = attn.kv_cache
+    gen = torch.Generator().manual_seed(0)
+    bs, kvh, hd = cache.block_size, attn.num_kv_heads, attn.head_dim
+    lens = torch.tensor([1, 70, 200], dtype=torch.int32)
+    width = -(-200 // bs)
+    small = KVCache(1, 3 * width, bs, kvh, hd, cache.model_dtype, "auto", torch.device("cpu"),
+                    kernel_layout=False)
+    small.data.copy_(torch.randn(small.data.shape, generator=gen))
+    tables = torch.randperm(3 * width, generator=gen).view(3, width).to(torch.int32)
+    q = torch.randn(3, attn.num_heads, hd, generator=gen).to(cache.model_dtype)
+    ref = Attention(attn.num_heads, kvh, hd, "sdpa", small)
+    meta = AttentionMetadata(torch.zeros(3, dtype=torch.long), tables, lens,
+                             torch.arange(4, dtype=torch.int32), num_decode=3,
+                             max_decode_context=200, min_decode_context=1)
+    ref.prepare(meta)
+    want = ref._decode(0, q, meta)
+    got = kernel(q, small.data[0], tables, lens, bs, attn.scale)
+    err = cpu_aot.relative_error(got, want)
+    if got.shape != want.shape or not err <= 2e-2:
+        raise RuntimeError(f"{kernel.path.name} disagrees with the torch path "
+                           f"(relative error {err:.2g})")
+    return kernel
 
 
 def _status(status: str, reason: str = "", path: Path | None = None,

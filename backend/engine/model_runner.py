@@ -113,7 +113,8 @@ class ModelRunner:
         self.compile_info = apply_step_ops(
             self.model, resolve_step_ops(config.compile, config.fused_ops, self.device),
             self.attn, self.kv_cache.scratch_slot, self.block_size)
-        self.aot_kernels: AotKernels = attach_aot_kernels(self.model, config.cpu_aot_kernels)
+        self.aot_kernels: AotKernels = attach_aot_kernels(self.model, self.attn,
+                                                               config.cpu_aot_kernels)
         # [max_num_seqs] long: the latest step's sampled ids, where the next step's inputs
         # read tokens the host has not seen yet (a fixed buffer: CUDA graphs read it too)
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,

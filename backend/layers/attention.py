@@ -17,6 +17,9 @@ Backends:
   ``prepare``) and handed to ``torch.nn.functional.scaled_dot_product_attention`` or to an
   explicit float32 matmul + softmax. GQA without copying K/V per query head: the ``group``
   query heads that share a KV head are folded into the query-length axis.
+  On the CPU, where the paged decode kernel is loaded (``cpu_paged_decode``, CPUs with
+  AVX-512F, bf16 / float32 caches), the sdpa backend's decode rows skip the gather: the
+  kernel reads their K/V in place through the block tables.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from backend.layers import cpu_paged_decode
 from backend.layers.kv_cache import KVCache
 
 try:  # Triton is optional: the sdpa and math backends run without it
@@ -130,6 +134,18 @@ class Attention:
         # On CUDA: a sdpa_kernel(...) context restricting SDPA to the backend the startup
         # probe verified, so it can never fall back silently.
         self.sdpa_context = sdpa_context
+        # On the CPU: the compiled kernel that reads decode rows' K/V in place
+        # (``cpu_paged_decode``), where one was loaded (``backend.engine.aot_kernels``)
+        self.cpu_decode: cpu_paged_decode.PagedDecode | None = None
+
+    def cpu_decode_serves(self) -> bool:
+        """Whether decode rows may take ``cpu_decode``: the sdpa backend over a bf16 or
+        float32 cache on the CPU."""
+        cache = self.kv_cache
+        return (self.backend == "sdpa" and cache is not None and cache.scales is None
+                and cache.data.device.type == "cpu"
+                and cpu_paged_decode.PagedDecode.serves(cache.data.dtype, self.num_heads,
+                                                        self.num_kv_heads, self.head_dim))
 
     # -- once per step ----------------------------------------------------------------
     def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
@@ -160,7 +176,9 @@ class Attention:
         bs, dev = self.kv_cache.block_size, meta.block_tables.device
         dtype = self.kv_cache.model_dtype
         d = meta.num_decode
-        if d:
+        if d and self.cpu_decode is not None:
+            meta.extra["decode"] = None  # read in place by the kernel
+        elif d:
             C = meta.max_decode_context or meta.block_tables.shape[1] * bs
             idx = block_slots(meta.block_tables[:d], bs, C)  # [D, C]
             attend = dtype
@@ -255,6 +273,10 @@ class Attention:
 
     def _decode(self, layer: int, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         D = q.shape[0]
+        if meta.extra["decode"] is None:
+            return self.cpu_decode(q.view(D, self.num_heads, self.head_dim),
+                                   self.kv_cache.data[layer], meta.block_tables[:D],
+                                   meta.context_lens[:D], self.kv_cache.block_size, self.scale)
         idx, mask, attend = meta.extra["decode"]  # attend: the dtype K/V are read in
         kv = self.kv_cache.gather(layer, idx, attend)  # [D, C, 2, kvh, hd]
         k = kv[:, :, 0].transpose(1, 2)  # [D, kvh, C, hd]

@@ -16,7 +16,7 @@ from backend.engine import aot_kernels, aot_layers
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
-from backend.layers import cpu_aot
+from backend.layers import cpu_aot, cpu_paged_decode
 from backend.layers.linear import ONE_ROW_AOT_KERNEL, Linear, frozen
 from backend.weights.loader import load_model_source
 from tests.backend.layers.test_cpu_aot import Counting
@@ -65,6 +65,8 @@ def cache(tmp_path_factory):
         assert proc.stdout.startswith("LM head: built: "), proc.stdout
         assert "\none-token layers: built: " in proc.stdout, proc.stdout
         assert "\n2-8-row layers: built: " in proc.stdout, proc.stdout
+        decode = "built: " if cpu_paged_decode.why_not_here() is None else "not used ("
+        assert f"\npaged decode attention: {decode}" in proc.stdout, proc.stdout
         yield root
     finally:
         mp.undo()
@@ -87,7 +89,8 @@ def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
         "build_seconds": None, "layers": {"status": "loaded", "reason": "",
                                           "path": str(pieces), "build_seconds": None},
         "few_rows_layers": {"status": "loaded", "reason": "", "path": str(few),
-                            "build_seconds": None, "rows": [2, 8]}}
+                            "build_seconds": None, "rows": [2, 8]},
+        "decode_attention": s.cpu_aot_kernels["decode_attention"]}
     assert s.lm_head_kernel == ONE_ROW_AOT_KERNEL
     kernel, head.one_row = head.one_row, None
     tokens = greedy(eng)  # torch's kernel, same weights
@@ -119,6 +122,29 @@ def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
     assert "\n2-8-row layers: loaded: " in proc.stdout, proc.stdout
 
 
+def test_decode_rows_read_the_cache_in_place_with_the_torch_paths_tokens(cache, monkeypatch):
+    """The paged decode attention built beside the packages: loaded at start, called once
+    per layer of every step with decode rows, with the torch path's greedy tokens."""
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(cache))
+    eng = engine("auto")
+    status = eng.stats().cpu_aot_kernels["decode_attention"]
+    attn = eng.runner.attn
+    if cpu_paged_decode.why_not_here() is not None:
+        assert status["status"] == "not used" and attn.cpu_decode is None
+        return
+    assert status == {"status": "loaded", "reason": "", "build_seconds": None,
+                      "path": str(cache / "kernels" / cpu_paged_decode.library_name())}
+    kernel, attn.cpu_decode = attn.cpu_decode, None
+    params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0)
+    torch_path = eng.generate(PROMPTS, params)
+    attn.cpu_decode = spy = Counting(kernel)
+    assert eng.generate(PROMPTS, params) == torch_path
+    assert spy.calls == 2 * 11  # two layers, 11 decode steps at batch 2
+    off = engine("off")
+    assert off.stats().cpu_aot_kernels["decode_attention"]["status"] == "off"
+    assert off.runner.attn.cpu_decode is None
+
+
 def test_off_and_heads_without_one_run_torchs_kernels(cache, monkeypatch):
     monkeypatch.setenv("FIRSTTOKEN_CACHE", str(cache))
     off = engine("off")
@@ -130,7 +156,7 @@ def test_off_and_heads_without_one_run_torchs_kernels(cache, monkeypatch):
     model = loaded.runner.model
     assert model.lm_head.one_row is not None
     model.compiled_pieces = ["LlamaModel.head"]
-    result = aot_kernels.attach(model, "auto")
+    result = aot_kernels.attach(model, loaded.runner.attn, "auto")
     assert (result.lm_head, model.lm_head.one_row) == ("not used", None)
     assert "--compile" in result.reason
     dense = LLMEngine(EngineConfig(cpu_aot_kernels="build", kv_cache_memory_gib=0.01,

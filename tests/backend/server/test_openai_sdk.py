@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from backend.layers import cpu_paged_decode
 from backend.layers.linear import ONE_ROW_AOT_KERNEL
 
 from .conftest import real_server
@@ -56,12 +57,19 @@ def test_sync_non_stream_says_berlin(smollm2):
 
 
 def test_the_embedded_model_runs_the_kernels_make_model_built(smollm2):
-    """`make model` compiles the int8 LM head's one-row GEMV and the layer pieces for steps
-    of one and of 2-8 rows for this machine; the server on the embedded model loads them
-    (the answers above come through them)."""
+    """`make model` compiles the int8 LM head's one-row GEMV, the layer pieces for steps
+    of one and of 2-8 rows and (on CPUs with AVX-512F) the paged decode attention for this
+    machine; the server on the embedded model loads them (the answers above come through
+    them)."""
     with httpx.Client(timeout=60) as http:
         health = http.get(f"{smollm2.base_url}/health").json()
     aot = health["cpu_aot_kernels"]
+    decode = aot["decode_attention"]
+    if cpu_paged_decode.why_not_here() is None:
+        assert decode["status"] == "loaded", f"{decode}: `make model` builds it"
+        assert decode["path"].endswith(".so")
+    else:
+        assert decode["status"] == "not used" and decode["reason"]
     for key in ("layers", "few_rows_layers"):
         if health["weights_dtype"].startswith(("int4", "int8")):
             assert aot[key]["status"] == "loaded", f"{aot[key]}: `make model` builds it"

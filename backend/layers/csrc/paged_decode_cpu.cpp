@@ -1,0 +1,227 @@
+// Decode attention on the CPU reading the paged KV cache in place (bf16 or float32 K/V).
+//
+// One query row per sequence; each sequence's context is cut into spans of whole positions,
+// enough spans for every thread, and each span computes all heads' scores, softmax partials
+// (max, sum) and unnormalised output, merged per sequence at the end (split-K decoding). A
+// span reads each position's whole slot (K of every head, then V of every head) through the
+// block table, where the torch path first gathers the context into a dense copy.
+//
+// Cache layout (backend.layers.kv_cache): [slots, 2, kvh, hd] per layer, K then V.
+// Built with -mavx512f: the loader only builds and uses it on CPUs that have AVX-512F.
+// Plain C ABI (called through ctypes): no torch headers, a one-second compile.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact: the top half)
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+inline void store16(uint16_t* p, __m512 x) {  // fp32 -> bf16, round to nearest even
+  __m512i u = _mm512_castps_si512(x);
+  __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                  _mm512_set1_epi32(0x7FFF));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  // NaN stays NaN (a quiet one)
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+
+// exp(x) for x <= 0 (scores less their maximum): 2^n * p(r), relative error ~2e-7
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), 0);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+constexpr int kMaxGroup = 8;
+
+// Positions [p0, p1) of one sequence, every head: out [H, HD] unnormalised, ml [2, H] the
+// rows' max score and sum of exp(score - max). scores: [H, p1 - p0] scratch.
+template <typename T, int HD>
+void span(const T* q, const T* cache, int kvh, int g, const int32_t* table, int bs, int p0,
+          int p1, float scale, float* scores, float* out, float* ml) {
+  constexpr int V = HD / 16;
+  const int H = kvh * g, n = p1 - p0;
+  const int64_t stride = 2LL * kvh * HD;  // one slot: K and V of every head
+  for (int p = p0; p < p1; ++p) {
+    const T* k = cache + (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * stride;
+    for (int h = 0; h < kvh; ++h) {
+      __m512 kv[V];
+      for (int c = 0; c < V; ++c) kv[c] = load16(k + h * HD + c * 16);
+      for (int j = 0; j < g; ++j) {
+        const T* qj = q + (h * g + j) * HD;
+        __m512 s = _mm512_mul_ps(load16(qj), kv[0]);
+        for (int c = 1; c < V; ++c) s = _mm512_fmadd_ps(load16(qj + c * 16), kv[c], s);
+        scores[(h * g + j) * n + p - p0] = _mm512_reduce_add_ps(s) * scale;
+      }
+    }
+  }
+  for (int r = 0; r < H; ++r) {
+    float* sr = scores + r * n;
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    int p = 0;
+    for (; p + 16 <= n; p += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sr + p));
+    float m = _mm512_reduce_max_ps(mv);
+    for (; p < n; ++p) m = std::max(m, sr[p]);
+    const __m512 mb = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    for (p = 0; p + 16 <= n; p += 16) {
+      __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + p), mb));
+      _mm512_storeu_ps(sr + p, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    if (p < n) {
+      const __mmask16 tail = static_cast<__mmask16>((1u << (n - p)) - 1);
+      __m512 e = _mm512_maskz_mov_ps(
+          tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sr + p), mb)));
+      _mm512_mask_storeu_ps(sr + p, tail, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    ml[r] = m;
+    ml[H + r] = _mm512_reduce_add_ps(sum);
+  }
+  for (int h = 0; h < kvh; ++h) {
+    __m512 o[kMaxGroup][V];
+    for (int j = 0; j < g; ++j)
+      for (int c = 0; c < V; ++c) o[j][c] = _mm512_setzero_ps();
+    for (int p = p0; p < p1; ++p) {
+      const T* v = cache + (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * stride +
+                   (kvh + h) * HD;
+      __m512 vv[V];
+      for (int c = 0; c < V; ++c) vv[c] = load16(v + c * 16);
+      for (int j = 0; j < g; ++j) {
+        const __m512 w = _mm512_set1_ps(scores[(h * g + j) * n + p - p0]);
+        for (int c = 0; c < V; ++c) o[j][c] = _mm512_fmadd_ps(w, vv[c], o[j][c]);
+      }
+    }
+    for (int j = 0; j < g; ++j)
+      for (int c = 0; c < V; ++c) _mm512_storeu_ps(out + (h * g + j) * HD + c * 16, o[j][c]);
+  }
+}
+
+template <typename T, int HD>
+void run(const T* q, T* out, const T* cache, const int32_t* tables, int W, const int32_t* lens,
+         int D, int H, int kvh, int bs, float scale, int min_span, int threads) {
+  const int g = H / kvh;
+  // (sequence, first, end) spans: each context in pieces of >= min_span positions, about
+  // two pieces per thread over the whole batch
+  std::vector<int> seq, lo, hi;
+  int longest = 0;
+  for (int d = 0; d < D; ++d) {
+    const int C = lens[d];
+    longest = std::max(longest, C);
+    const int want = std::max(1, (2 * threads + D - 1) / D);
+    const int pieces = std::max(1, std::min(want, C / std::max(1, min_span)));
+    for (int i = 0; i < pieces; ++i) {
+      seq.push_back(d);
+      lo.push_back(static_cast<int>(static_cast<int64_t>(C) * i / pieces));
+      hi.push_back(static_cast<int>(static_cast<int64_t>(C) * (i + 1) / pieces));
+    }
+  }
+  const int S = static_cast<int>(seq.size());
+  std::vector<float> part(static_cast<size_t>(S) * H * HD), ml(static_cast<size_t>(S) * 2 * H);
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> scores(static_cast<size_t>(H) * longest + 16);
+#pragma omp for schedule(static, 1)
+    for (int i = 0; i < S; ++i) {
+      const int d = seq[i];
+      span<T, HD>(q + static_cast<int64_t>(d) * H * HD, cache, kvh, g,
+                  tables + static_cast<int64_t>(d) * W, bs, lo[i], hi[i], scale, scores.data(),
+                  part.data() + static_cast<size_t>(i) * H * HD,
+                  ml.data() + static_cast<size_t>(i) * 2 * H);
+    }
+  }
+  // merge each sequence's spans: weights exp(max_s - max), normalised by the merged sum
+  for (int i = 0; i < S;) {
+    int e = i;
+    while (e < S && seq[e] == seq[i]) ++e;
+    for (int r = 0; r < H; ++r) {
+      float m = -INFINITY;
+      for (int s = i; s < e; ++s) m = std::max(m, ml[static_cast<size_t>(s) * 2 * H + r]);
+      __m512 acc[HD / 16];
+      for (int c = 0; c < HD / 16; ++c) acc[c] = _mm512_setzero_ps();
+      float l = 0.f;
+      for (int s = i; s < e; ++s) {
+        const float w = std::exp(ml[static_cast<size_t>(s) * 2 * H + r] - m);
+        l += w * ml[static_cast<size_t>(s) * 2 * H + H + r];
+        const float* ps = part.data() + (static_cast<size_t>(s) * H + r) * HD;
+        for (int c = 0; c < HD / 16; ++c)
+          acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(ps + c * 16), acc[c]);
+      }
+      T* o = out + (static_cast<int64_t>(seq[i]) * H + r) * HD;
+      const __m512 inv = _mm512_set1_ps(1.f / l);
+      for (int c = 0; c < HD / 16; ++c) store16(o + c * 16, _mm512_mul_ps(acc[c], inv));
+    }
+    i = e;
+  }
+}
+
+struct Args {
+  const int32_t* tables;
+  int W;
+  const int32_t* lens;
+  int D, H, kvh, bs;
+  float scale;
+  int min_span, threads;
+};
+
+template <int HD>
+int dispatch(int bf16, const void* q, void* out, const void* cache, const Args& a) {
+  if (bf16)
+    run<uint16_t, HD>(static_cast<const uint16_t*>(q), static_cast<uint16_t*>(out),
+                      static_cast<const uint16_t*>(cache), a.tables, a.W, a.lens, a.D, a.H,
+                      a.kvh, a.bs, a.scale, a.min_span, a.threads);
+  else
+    run<float, HD>(static_cast<const float*>(q), static_cast<float*>(out),
+                   static_cast<const float*>(cache), a.tables, a.W, a.lens, a.D, a.H, a.kvh,
+                   a.bs, a.scale, a.min_span, a.threads);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// q, out: [D, H, hd]; cache: one layer, [slots, 2, kvh, hd]; tables: [D, W] block ids;
+// lens: [D] context lengths (this step's token included, all >= 1). bf16: 1 for bfloat16,
+// 0 for float32. Returns 0, or -1 for a shape this build does not serve (nothing written).
+int ft_paged_decode(int bf16, const void* q, void* out, const void* cache, const int32_t* tables,
+                    int W, const int32_t* lens, int D, int H, int kvh, int hd, int bs,
+                    float scale, int min_span, int threads) {
+  if (kvh <= 0 || H % kvh != 0 || H / kvh > kMaxGroup) return -1;
+  for (int d = 0; d < D; ++d)
+    if (lens[d] < 1) return -1;
+  const Args a{tables, W, lens, D, H, kvh, bs, scale, min_span, threads};
+  switch (hd) {
+    case 16: return dispatch<16>(bf16, q, out, cache, a);
+    case 32: return dispatch<32>(bf16, q, out, cache, a);
+    case 64: return dispatch<64>(bf16, q, out, cache, a);
+    case 128: return dispatch<128>(bf16, q, out, cache, a);
+    case 256: return dispatch<256>(bf16, q, out, cache, a);
+    default: return -1;
+  }
+}
+
+}  // extern "C"

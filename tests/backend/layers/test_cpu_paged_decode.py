@@ -1,0 +1,165 @@
+"""The CPU's paged decode attention (``backend.layers.cpu_paged_decode``): built with the
+system's compiler, it reads decode rows' K/V through the block tables in place and gives the
+torch path's output (gather + SDPA) for every head size, group, dtype, context length and
+thread count it serves; shapes it does not serve are refused, never computed wrong."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.layers import cpu_paged_decode
+from backend.layers.attention import Attention, AttentionMetadata
+from backend.layers.kv_cache import KVCache
+
+pytestmark = pytest.mark.skipif(cpu_paged_decode.why_not_here() is not None,
+                                reason=str(cpu_paged_decode.why_not_here()))
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory) -> cpu_paged_decode.PagedDecode:
+    directory = tmp_path_factory.mktemp("kernels")
+    assert cpu_paged_decode.load(directory) is None  # nothing built yet
+    cpu_paged_decode.build(directory)
+    assert cpu_paged_decode.build(directory) < 1.0  # there already: nothing compiled
+    loaded = cpu_paged_decode.load(directory)
+    assert loaded is not None and loaded.path.name == cpu_paged_decode.library_name()
+    return loaded
+
+
+def case(lens: list[int], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+         block_size: int = 16, seed: int = 0):
+    """A one-layer cache with scattered blocks, its sdpa Attention and a decode step's
+    metadata for rows of ``lens`` positions: (attention, q, meta)."""
+    gen = torch.Generator().manual_seed(seed)
+    width = -(-max(lens) // block_size)
+    blocks = len(lens) * width + 3
+    cache = KVCache(1, blocks, block_size, kv_heads, head_dim, dtype, "auto",
+                    torch.device("cpu"), kernel_layout=False)
+    cache.data.copy_(torch.randn(cache.data.shape, generator=gen) * 2)
+    tables = torch.randperm(blocks, generator=gen)[:len(lens) * width].view(len(lens), width)
+    attn = Attention(heads, kv_heads, head_dim, "sdpa", cache)
+    q = (torch.randn(len(lens), heads, head_dim, generator=gen) * 2).to(dtype)
+    d = len(lens)
+    meta = AttentionMetadata(torch.zeros(d, dtype=torch.long), tables.to(torch.int32),
+                             torch.tensor(lens, dtype=torch.int32),
+                             torch.arange(d + 1, dtype=torch.int32), num_decode=d,
+                             max_decode_context=max(lens), min_decode_context=min(lens))
+    return attn, q, meta
+
+
+def reference(attn: Attention, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """softmax(q k^T * scale) v in float64 over each row's own positions."""
+    cache, bs = attn.kv_cache.data[0].double(), attn.kv_cache.block_size
+    out = []
+    for row, n in enumerate(meta.context_lens.tolist()):
+        slots = (meta.block_tables[row].long()[:, None] * bs + torch.arange(bs)).flatten()[:n]
+        k = cache[slots, 0].repeat_interleave(attn.group, dim=1)  # [n, H, hd]
+        v = cache[slots, 1].repeat_interleave(attn.group, dim=1)
+        p = torch.softmax(torch.einsum("hd,nhd->hn", q[row].double(), k) * attn.scale, -1)
+        out.append(torch.einsum("hn,nhd->hd", p, v))
+    return torch.stack(out)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 2, 16), (8, 1, 32),
+                                                     (4, 4, 128), (16, 2, 256)])
+def test_matches_the_torch_path_and_a_float64_reference(kernel, dtype, heads, kv_heads,
+                                                        head_dim):
+    # lengths: one position, a partial block, whole blocks, many spans
+    attn, q, meta = case([1, 13, 64, 300, 1000], heads, kv_heads, head_dim, dtype)
+    attn.prepare(meta)
+    torch_path = attn._decode(0, q, meta)
+    got = kernel(q, attn.kv_cache.data[0], meta.block_tables, meta.context_lens,
+                 attn.kv_cache.block_size, attn.scale)
+    want = reference(attn, q, meta)
+    assert got.dtype == dtype and got.shape == q.shape
+    tol = 1e-5 if dtype == torch.float32 else 8e-3  # bf16: the output's rounding
+    assert rel(got, want) < tol
+    assert rel(got, want) <= rel(torch_path, want) * 1.5 + 1e-6
+    # a row of one position is its V row itself
+    slot = int(meta.block_tables[0, 0]) * attn.kv_cache.block_size
+    v0 = attn.kv_cache.data[0, slot, 1].repeat_interleave(attn.group, dim=0)
+    torch.testing.assert_close(got[0].float(), v0.float(), rtol=tol, atol=tol)
+
+
+def test_every_thread_count_and_split_gives_the_same_answer(kernel):
+    attn, q, meta = case([1, 5, 64, 129, 700, 2047], 9, 3, 64, torch.float32, seed=3)
+    args = (q, attn.kv_cache.data[0], meta.block_tables, meta.context_lens,
+            attn.kv_cache.block_size, attn.scale)
+    want = reference(attn, q, meta)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3, 8):
+            torch.set_num_threads(threads)
+            for span in (1, 16, 64, 4096):  # spans of one position up to one per row
+                cpu_paged_decode.MIN_SPAN, saved = span, cpu_paged_decode.MIN_SPAN
+                try:
+                    assert rel(kernel(*args), want) < 1e-5, (threads, span)
+                finally:
+                    cpu_paged_decode.MIN_SPAN = saved
+    finally:
+        torch.set_num_threads(before)
+    # repeated calls: the same bits
+    assert torch.equal(kernel(*args), kernel(*args))
+
+
+def test_block_sizes_and_rows_as_views_of_a_wider_step(kernel):
+    for bs in (1, 8, 32):
+        attn, q, meta = case([3, 40, 97], 4, 2, 64, torch.bfloat16, block_size=bs, seed=bs)
+        # q as the attention layer gets it: a strided view of the step's q|k|v output
+        wide = torch.cat([q, torch.zeros_like(q)], dim=1)
+        got = kernel(wide[:, :4], attn.kv_cache.data[0], meta.block_tables,
+                     meta.context_lens, bs, attn.scale)
+        assert rel(got, reference(attn, q, meta)) < 8e-3
+
+
+def test_shapes_it_does_not_serve_are_refused(kernel):
+    serves = cpu_paged_decode.PagedDecode.serves
+    assert serves(torch.bfloat16, 9, 3, 64) and serves(torch.float32, 32, 4, 128)
+    assert not serves(torch.float16, 9, 3, 64)  # no fp16 path
+    assert not serves(torch.bfloat16, 9, 3, 96)  # head size
+    assert not serves(torch.bfloat16, 18, 1, 64)  # 18 query heads to a KV head
+    attn, q, meta = case([10], 4, 2, 64, torch.bfloat16)
+    cache = attn.kv_cache.data[0]
+    with pytest.raises(ValueError, match="does not serve"):
+        kernel(q, cache, meta.block_tables, torch.zeros(1, dtype=torch.int32), 16, 0.1)
+    with pytest.raises(ValueError, match="contiguous cache in q's dtype"):
+        kernel(q.float(), cache, meta.block_tables, meta.context_lens, 16, 0.1)
+    with pytest.raises(ValueError, match="int32"):
+        kernel(q, cache, meta.block_tables.long(), meta.context_lens, 16, 0.1)
+
+
+def test_the_attention_layer_takes_it_for_decode_rows_only(kernel):
+    """With the kernel attached a pure decode step and a mixed step's decode rows go
+    through it (no gather indices built); prefill chunks keep the torch path; int8 caches
+    and the math backend never take it."""
+    attn, q, meta = case([7, 50], 4, 2, 64, torch.bfloat16)
+    assert attn.cpu_decode_serves()
+    attn.prepare(meta)
+    want = attn._decode(0, q, meta)
+    attn.cpu_decode = calls = Counting(kernel)
+    meta.extra.clear()
+    attn.prepare(meta)
+    assert meta.extra["decode"] is None
+    k = torch.zeros(2, 2, 64, dtype=torch.bfloat16)
+    meta.slot_mapping = torch.full((2,), attn.kv_cache.scratch_slot)  # no row reads it
+    out = attn.forward(0, q, k, k, meta)  # writes this step's K/V, then attends
+    assert calls.calls == 1 and out.shape == (2, 4 * 64)
+    assert rel(out.view(2, 4, 64), want) < 1e-2
+    int8 = KVCache(1, 8, 16, 2, 64, torch.bfloat16, "int8", torch.device("cpu"),
+                   kernel_layout=False)
+    assert not Attention(4, 2, 64, "sdpa", int8).cpu_decode_serves()
+    assert not Attention(4, 2, 64, "math", attn.kv_cache).cpu_decode_serves()
+
+
+class Counting:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
