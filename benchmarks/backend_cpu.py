@@ -352,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                                  lm_head_kernel=health.get("lm_head_kernel"),
                                  prefill_kernel=health.get("prefill_kernel"),
                                  prefill_dense_weights=health.get("prefill_dense_weights"),
+                                 cpu_aot_kernels=health.get("cpu_aot_kernels"),
                                  server_rss_mib={"after_start": rss_start,
                                                  "end": _rss_mib(proc.pid)},
                                  start_s=start_s)
