@@ -73,14 +73,15 @@ def attach(model: LlamaModel, attn: Attention, mode: str) -> AotKernels:
 
 def attach_decode_attention(model: LlamaModel, attn: Attention, mode: str) -> dict:
     """``attn.cpu_decode``: the paged decode kernel, where the step is eager on the CPU,
-    the backend sdpa over a bf16 / float32 cache, and the library loads and agrees with the
-    torch path on a made-up cache; its ``_status``."""
+    the backend sdpa over a cache it serves (``Attention.cpu_decode_serves``), and the
+    library loads and agrees with the torch path on a made-up cache; its ``_status``."""
     attn.cpu_decode = None
     if mode == "off":
         return _status("off", "--cpu-aot-kernels off")
     if model.device.type != "cpu" or not attn.cpu_decode_serves():
-        return _status("not used", "the sdpa backend over a bf16 / float32 cache on the CPU, "
-                       "16 to 256 dims a head (powers of two), up to 8 query heads a KV head")
+        return _status("not used", "the sdpa backend on the CPU over a cache in the model "
+                       "dtype (bf16 / float32) or int8, 16 to 256 dims a head (powers of two), "
+                       "up to 8 query heads a KV head")
     if model.compiled_pieces:
         return _status("not used", "--compile: the compiled step keeps the torch path")
     why = cpu_paged_decode.why_not_here()
@@ -104,9 +105,11 @@ def _checked_decode(kernel: cpu_paged_decode.PagedDecode, attn: Attention
     bs, kvh, hd = cache.block_size, attn.num_kv_heads, attn.head_dim
     lens = torch.tensor([1, 70, 200], dtype=torch.int32)
     width = -(-200 // bs)
-    small = KVCache(1, 3 * width, bs, kvh, hd, cache.model_dtype, "auto", torch.device("cpu"),
-                    kernel_layout=False)
-    small.data.copy_(torch.randn(small.data.shape, generator=gen))
+    small = KVCache(1, 3 * width, bs, kvh, hd, cache.model_dtype, cache.kv_cache_dtype,
+                    torch.device("cpu"), kernel_layout=False)
+    slots = torch.arange(3 * width * bs)
+    k, v = torch.randn(2, len(slots), kvh, hd, generator=gen).to(cache.model_dtype)
+    small.write(0, slots, k, v)
     tables = torch.randperm(3 * width, generator=gen).view(3, width).to(torch.int32)
     q = torch.randn(3, attn.num_heads, hd, generator=gen).to(cache.model_dtype)
     ref = Attention(attn.num_heads, kvh, hd, "sdpa", small)
@@ -115,7 +118,8 @@ def _checked_decode(kernel: cpu_paged_decode.PagedDecode, attn: Attention
                              max_decode_context=200, min_decode_context=1)
     ref.prepare(meta)
     want = ref._decode(0, q, meta)
-    got = kernel(q, small.data[0], tables, lens, bs, attn.scale)
+    got = kernel(q, small.data[0], tables, lens, bs, attn.scale,
+                 None if small.scales is None else small.scales[0])
     err = cpu_aot.relative_error(got, want)
     if got.shape != want.shape or not err <= 2e-2:
         raise RuntimeError(f"{kernel.path.name} disagrees with the torch path "

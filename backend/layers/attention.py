@@ -18,8 +18,8 @@ Backends:
   explicit float32 matmul + softmax. GQA without copying K/V per query head: the ``group``
   query heads that share a KV head are folded into the query-length axis.
   On the CPU, where the paged decode kernel is loaded (``cpu_paged_decode``, CPUs with
-  AVX-512F, bf16 / float32 caches), the sdpa backend's decode rows skip the gather: the
-  kernel reads their K/V in place through the block tables.
+  AVX-512F, caches in the model dtype or int8), the sdpa backend's decode rows skip the
+  gather: the kernel reads their K/V in place through the block tables.
 """
 from __future__ import annotations
 
@@ -139,13 +139,16 @@ class Attention:
         self.cpu_decode: cpu_paged_decode.PagedDecode | None = None
 
     def cpu_decode_serves(self) -> bool:
-        """Whether decode rows may take ``cpu_decode``: the sdpa backend over a bf16 or
-        float32 cache on the CPU."""
+        """Whether decode rows may take ``cpu_decode``: the sdpa backend on the CPU over a
+        cache in the model dtype, or an int8 one in the torch path's layout."""
         cache = self.kv_cache
-        return (self.backend == "sdpa" and cache is not None and cache.scales is None
-                and cache.data.device.type == "cpu"
-                and cpu_paged_decode.PagedDecode.serves(cache.data.dtype, self.num_heads,
-                                                        self.num_kv_heads, self.head_dim))
+        if self.backend != "sdpa" or cache is None or cache.data.device.type != "cpu":
+            return False
+        if cache.scales is not None and (cache.kv_cache_dtype != "int8" or cache.kernel_layout):
+            return False
+        return cpu_paged_decode.PagedDecode.serves(cache.model_dtype, cache.data.dtype,
+                                                   self.num_heads, self.num_kv_heads,
+                                                   self.head_dim)
 
     # -- once per step ----------------------------------------------------------------
     def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
@@ -274,9 +277,11 @@ class Attention:
     def _decode(self, layer: int, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         D = q.shape[0]
         if meta.extra["decode"] is None:
-            return self.cpu_decode(q.view(D, self.num_heads, self.head_dim),
-                                   self.kv_cache.data[layer], meta.block_tables[:D],
-                                   meta.context_lens[:D], self.kv_cache.block_size, self.scale)
+            cache = self.kv_cache
+            return self.cpu_decode(q.view(D, self.num_heads, self.head_dim), cache.data[layer],
+                                   meta.block_tables[:D], meta.context_lens[:D],
+                                   cache.block_size, self.scale,
+                                   None if cache.scales is None else cache.scales[layer])
         idx, mask, attend = meta.extra["decode"]  # attend: the dtype K/V are read in
         kv = self.kv_cache.gather(layer, idx, attend)  # [D, C, 2, kvh, hd]
         k = kv[:, :, 0].transpose(1, 2)  # [D, kvh, C, hd]

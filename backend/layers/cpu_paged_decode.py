@@ -1,10 +1,12 @@
 """Decode attention on the CPU that reads the paged KV cache in place (``csrc/
-paged_decode_cpu.cpp``), for bf16 / float32 caches on CPUs with AVX-512F.
+paged_decode_cpu.cpp``), for bf16 / float32 caches and int8 caches in the torch path's
+layout (a scale per token, K/V and head) on CPUs with AVX-512F.
 
 The torch path (``attention.Attention._decode``) gathers each decode row's whole context
 from the cache into a dense copy (``index_select``) and hands it to SDPA: on a 2-core VM,
 SmolLM2 at a 256-token context, ~100 µs a layer, a quarter of a batch-1 step. The kernel
-reads each position's K and V through the block table where they lie, in fp32 with one
+reads each position's K and V through the block table where they lie (int8 codes widened in
+registers, their scales applied to the score and to the softmax weight), in fp32 with one
 softmax per span of positions (split over the threads, merged per sequence), and writes the
 rows' output in the model dtype.
 
@@ -32,7 +34,8 @@ SOURCE = Path(__file__).with_name("csrc") / "paged_decode_cpu.cpp"
 FLAGS = ("-O3", "-mavx512f", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 HEAD_DIMS = (16, 32, 64, 128, 256)
 MAX_GROUP = 8  # query heads per KV head
-DTYPES = {torch.bfloat16: 1, torch.float32: 0}
+DTYPES = {torch.bfloat16: 1, torch.float32: 0}  # q and the output: the model dtype
+CACHE_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the cache's storage
 # Positions per span at the least: shorter spans cost more in their merge than they save
 MIN_SPAN = 64
 
@@ -94,28 +97,40 @@ class PagedDecode:
         lib = ctypes.CDLL(str(self.path))
         fn = lib.ft_paged_decode
         p, i = ctypes.c_void_p, ctypes.c_int
-        fn.argtypes = [i, p, p, p, p, i, p, i, i, i, i, i, ctypes.c_float, i, i]
+        fn.argtypes = [i, i, p, p, p, p, p, i, p, i, i, i, i, i, ctypes.c_float, i, i]
         fn.restype = i
         self._fn = fn
 
     @staticmethod
-    def serves(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-        return (dtype in DTYPES and head_dim in HEAD_DIMS and num_heads % num_kv_heads == 0
-                and num_heads // num_kv_heads <= MAX_GROUP)
+    def serves(dtype: torch.dtype, storage: torch.dtype, num_heads: int, num_kv_heads: int,
+               head_dim: int) -> bool:
+        """Whether it runs q in ``dtype`` over a cache stored as ``storage`` (the model
+        dtype, or int8 codes)."""
+        return (dtype in DTYPES and storage in (dtype, torch.int8) and head_dim in HEAD_DIMS
+                and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= MAX_GROUP)
 
     def __call__(self, q: torch.Tensor, cache: torch.Tensor, tables: torch.Tensor,
-                 lens: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
-        """q [D, H, hd]; cache: one layer's [slots, 2, kvh, hd] (contiguous, q's dtype);
-        tables [D, W] int32 block ids; lens [D] int32 context lengths, this step's token
-        included -> [D, H, hd] in q's dtype."""
+                 lens: torch.Tensor, block_size: int, scale: float,
+                 scales: torch.Tensor | None = None) -> torch.Tensor:
+        """q [D, H, hd]; cache: one layer's [slots, 2, kvh, hd] (contiguous, q's dtype, or
+        int8 with ``scales`` [slots, 2, kvh] float32); tables [D, W] int32 block ids; lens
+        [D] int32 context lengths, this step's token included -> [D, H, hd] in q's dtype."""
         q = q.contiguous()
         tables, lens = tables.contiguous(), lens.contiguous()
-        if not (cache.is_contiguous() and cache.dtype == q.dtype
+        int8 = cache.dtype == torch.int8
+        if not (cache.is_contiguous() and cache.dtype in (q.dtype, torch.int8)
                 and tables.dtype == lens.dtype == torch.int32):
-            raise ValueError("paged decode: a contiguous cache in q's dtype and int32 tables")
+            raise ValueError("paged decode: a contiguous cache in q's dtype or int8, and int32 "
+                             "tables")
+        if int8 != (scales is not None) or (int8 and not (
+                scales.dtype == torch.float32 and scales.is_contiguous()
+                and scales.shape == cache.shape[:-1])):
+            raise ValueError("paged decode: an int8 cache takes its float32 scales [slots, 2, "
+                             "kvh], and only it")
         D, H, hd = q.shape
         out = torch.empty_like(q)
-        rc = self._fn(DTYPES[q.dtype], q.data_ptr(), out.data_ptr(), cache.data_ptr(),
+        rc = self._fn(DTYPES[q.dtype], CACHE_KINDS[cache.dtype], q.data_ptr(), out.data_ptr(),
+                      cache.data_ptr(), None if scales is None else scales.data_ptr(),
                       tables.data_ptr(), tables.shape[1], lens.data_ptr(), D, H,
                       cache.shape[-2], hd, block_size, scale, MIN_SPAN,
                       torch.get_num_threads())

@@ -1,4 +1,5 @@
-// Decode attention on the CPU reading the paged KV cache in place (bf16 or float32 K/V).
+// Decode attention on the CPU reading the paged KV cache in place (bf16 or float32 K/V, or
+// int8 K/V with a float32 scale per token, K/V and head).
 //
 // One query row per sequence; each sequence's context is cut into spans of whole positions,
 // enough spans for every thread, and each span computes all heads' scores, softmax partials
@@ -6,7 +7,8 @@
 // span reads each position's whole slot (K of every head, then V of every head) through the
 // block table, where the torch path first gathers the context into a dense copy.
 //
-// Cache layout (backend.layers.kv_cache): [slots, 2, kvh, hd] per layer, K then V.
+// Cache layout (backend.layers.kv_cache): [slots, 2, kvh, hd] per layer, K then V; an int8
+// cache's scales [slots, 2, kvh] (the torch path's layout, kernel_layout=False).
 // Built with -mavx512f: the loader only builds and uses it on CPUs that have AVX-512F.
 // Plain C ABI (called through ctypes): no torch headers, a one-second compile.
 #include <immintrin.h>
@@ -16,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -25,6 +28,9 @@ inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact: the top ha
       _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const int8_t* p) {  // 16 int8 codes -> fp32 (the scale applied apart)
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 
 inline void store16(uint16_t* p, __m512 x) {  // fp32 -> bf16, round to nearest even
   __m512i u = _mm512_castps_si512(x);
@@ -57,23 +63,26 @@ inline __m512 exp16(__m512 x) {
 constexpr int kMaxGroup = 8;
 
 // Positions [p0, p1) of one sequence, every head: out [H, HD] unnormalised, ml [2, H] the
-// rows' max score and sum of exp(score - max). scores: [H, p1 - p0] scratch.
-template <typename T, int HD>
-void span(const T* q, const T* cache, int kvh, int g, const int32_t* table, int bs, int p0,
-          int p1, float scale, float* scores, float* out, float* ml) {
+// rows' max score and sum of exp(score - max). scores: [H, p1 - p0] scratch. sc: an int8
+// cache's scales ([slots, 2, kvh]), else null.
+template <typename Tq, typename Tc, int HD>
+void span(const Tq* q, const Tc* cache, const float* sc, int kvh, int g, const int32_t* table,
+          int bs, int p0, int p1, float scale, float* scores, float* out, float* ml) {
   constexpr int V = HD / 16;
   const int H = kvh * g, n = p1 - p0;
   const int64_t stride = 2LL * kvh * HD;  // one slot: K and V of every head
   for (int p = p0; p < p1; ++p) {
-    const T* k = cache + (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * stride;
+    const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+    const Tc* k = cache + slot * stride;
     for (int h = 0; h < kvh; ++h) {
       __m512 kv[V];
       for (int c = 0; c < V; ++c) kv[c] = load16(k + h * HD + c * 16);
+      const float ks = sc ? scale * sc[slot * 2 * kvh + h] : scale;
       for (int j = 0; j < g; ++j) {
-        const T* qj = q + (h * g + j) * HD;
+        const Tq* qj = q + (h * g + j) * HD;
         __m512 s = _mm512_mul_ps(load16(qj), kv[0]);
         for (int c = 1; c < V; ++c) s = _mm512_fmadd_ps(load16(qj + c * 16), kv[c], s);
-        scores[(h * g + j) * n + p - p0] = _mm512_reduce_add_ps(s) * scale;
+        scores[(h * g + j) * n + p - p0] = _mm512_reduce_add_ps(s) * ks;
       }
     }
   }
@@ -106,12 +115,13 @@ void span(const T* q, const T* cache, int kvh, int g, const int32_t* table, int 
     for (int j = 0; j < g; ++j)
       for (int c = 0; c < V; ++c) o[j][c] = _mm512_setzero_ps();
     for (int p = p0; p < p1; ++p) {
-      const T* v = cache + (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * stride +
-                   (kvh + h) * HD;
+      const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+      const Tc* v = cache + slot * stride + (kvh + h) * HD;
+      const float vs = sc ? sc[slot * 2 * kvh + kvh + h] : 1.f;
       __m512 vv[V];
       for (int c = 0; c < V; ++c) vv[c] = load16(v + c * 16);
       for (int j = 0; j < g; ++j) {
-        const __m512 w = _mm512_set1_ps(scores[(h * g + j) * n + p - p0]);
+        const __m512 w = _mm512_set1_ps(scores[(h * g + j) * n + p - p0] * vs);
         for (int c = 0; c < V; ++c) o[j][c] = _mm512_fmadd_ps(w, vv[c], o[j][c]);
       }
     }
@@ -120,9 +130,10 @@ void span(const T* q, const T* cache, int kvh, int g, const int32_t* table, int 
   }
 }
 
-template <typename T, int HD>
-void run(const T* q, T* out, const T* cache, const int32_t* tables, int W, const int32_t* lens,
-         int D, int H, int kvh, int bs, float scale, int min_span, int threads) {
+template <typename Tq, typename Tc, int HD>
+void run(const Tq* q, Tq* out, const Tc* cache, const float* sc, const int32_t* tables, int W,
+         const int32_t* lens, int D, int H, int kvh, int bs, float scale, int min_span,
+         int threads) {
   const int g = H / kvh;
   // (sequence, first, end) spans: each context in pieces of >= min_span positions, about
   // two pieces per thread over the whole batch
@@ -147,7 +158,7 @@ void run(const T* q, T* out, const T* cache, const int32_t* tables, int W, const
 #pragma omp for schedule(static, 1)
     for (int i = 0; i < S; ++i) {
       const int d = seq[i];
-      span<T, HD>(q + static_cast<int64_t>(d) * H * HD, cache, kvh, g,
+      span<Tq, Tc, HD>(q + static_cast<int64_t>(d) * H * HD, cache, sc, kvh, g,
                   tables + static_cast<int64_t>(d) * W, bs, lo[i], hi[i], scale, scores.data(),
                   part.data() + static_cast<size_t>(i) * H * HD,
                   ml.data() + static_cast<size_t>(i) * 2 * H);
@@ -170,7 +181,7 @@ void run(const T* q, T* out, const T* cache, const int32_t* tables, int W, const
         for (int c = 0; c < HD / 16; ++c)
           acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(ps + c * 16), acc[c]);
       }
-      T* o = out + (static_cast<int64_t>(seq[i]) * H + r) * HD;
+      Tq* o = out + (static_cast<int64_t>(seq[i]) * H + r) * HD;
       const __m512 inv = _mm512_set1_ps(1.f / l);
       for (int c = 0; c < HD / 16; ++c) store16(o + c * 16, _mm512_mul_ps(acc[c], inv));
     }
@@ -179,6 +190,7 @@ void run(const T* q, T* out, const T* cache, const int32_t* tables, int W, const
 }
 
 struct Args {
+  const float* scales;
   const int32_t* tables;
   int W;
   const int32_t* lens;
@@ -187,16 +199,23 @@ struct Args {
   int min_span, threads;
 };
 
+template <typename Tq, int HD>
+void with_cache(int cache_kind, const void* q, void* out, const void* cache, const Args& a) {
+  auto go = [&](auto* c) {
+    run<Tq, std::remove_const_t<std::remove_pointer_t<decltype(c)>>, HD>(
+        static_cast<const Tq*>(q), static_cast<Tq*>(out), c, a.scales, a.tables, a.W, a.lens,
+        a.D, a.H, a.kvh, a.bs, a.scale, a.min_span, a.threads);
+  };
+  if (cache_kind == 2) go(static_cast<const int8_t*>(cache));
+  else if (cache_kind == 1) go(static_cast<const uint16_t*>(cache));
+  else go(static_cast<const float*>(cache));
+}
+
 template <int HD>
-int dispatch(int bf16, const void* q, void* out, const void* cache, const Args& a) {
-  if (bf16)
-    run<uint16_t, HD>(static_cast<const uint16_t*>(q), static_cast<uint16_t*>(out),
-                      static_cast<const uint16_t*>(cache), a.tables, a.W, a.lens, a.D, a.H,
-                      a.kvh, a.bs, a.scale, a.min_span, a.threads);
-  else
-    run<float, HD>(static_cast<const float*>(q), static_cast<float*>(out),
-                   static_cast<const float*>(cache), a.tables, a.W, a.lens, a.D, a.H, a.kvh,
-                   a.bs, a.scale, a.min_span, a.threads);
+int dispatch(int bf16, int cache_kind, const void* q, void* out, const void* cache,
+             const Args& a) {
+  if (bf16) with_cache<uint16_t, HD>(cache_kind, q, out, cache, a);
+  else with_cache<float, HD>(cache_kind, q, out, cache, a);
   return 0;
 }
 
@@ -204,22 +223,26 @@ int dispatch(int bf16, const void* q, void* out, const void* cache, const Args& 
 
 extern "C" {
 
-// q, out: [D, H, hd]; cache: one layer, [slots, 2, kvh, hd]; tables: [D, W] block ids;
-// lens: [D] context lengths (this step's token included, all >= 1). bf16: 1 for bfloat16,
-// 0 for float32. Returns 0, or -1 for a shape this build does not serve (nothing written).
-int ft_paged_decode(int bf16, const void* q, void* out, const void* cache, const int32_t* tables,
-                    int W, const int32_t* lens, int D, int H, int kvh, int hd, int bs,
-                    float scale, int min_span, int threads) {
+// q, out: [D, H, hd] (bf16: 1 for bfloat16, 0 for float32); cache: one layer, [slots, 2,
+// kvh, hd] of kind cache_kind (0 float32, 1 bfloat16, 2 int8 with scales [slots, 2, kvh]
+// float32, else scales null); tables: [D, W] block ids; lens: [D] context lengths (this
+// step's token included, all >= 1). Returns 0, or -1 for what this build does not serve
+// (nothing written).
+int ft_paged_decode(int bf16, int cache_kind, const void* q, void* out, const void* cache,
+                    const float* scales, const int32_t* tables, int W, const int32_t* lens,
+                    int D, int H, int kvh, int hd, int bs, float scale, int min_span,
+                    int threads) {
   if (kvh <= 0 || H % kvh != 0 || H / kvh > kMaxGroup) return -1;
+  if (cache_kind < 0 || cache_kind > 2 || (cache_kind == 2) != (scales != nullptr)) return -1;
   for (int d = 0; d < D; ++d)
     if (lens[d] < 1) return -1;
-  const Args a{tables, W, lens, D, H, kvh, bs, scale, min_span, threads};
+  const Args a{scales, tables, W, lens, D, H, kvh, bs, scale, min_span, threads};
   switch (hd) {
-    case 16: return dispatch<16>(bf16, q, out, cache, a);
-    case 32: return dispatch<32>(bf16, q, out, cache, a);
-    case 64: return dispatch<64>(bf16, q, out, cache, a);
-    case 128: return dispatch<128>(bf16, q, out, cache, a);
-    case 256: return dispatch<256>(bf16, q, out, cache, a);
+    case 16: return dispatch<16>(bf16, cache_kind, q, out, cache, a);
+    case 32: return dispatch<32>(bf16, cache_kind, q, out, cache, a);
+    case 64: return dispatch<64>(bf16, cache_kind, q, out, cache, a);
+    case 128: return dispatch<128>(bf16, cache_kind, q, out, cache, a);
+    case 256: return dispatch<256>(bf16, cache_kind, q, out, cache, a);
     default: return -1;
   }
 }

@@ -143,6 +143,16 @@ def test_decode_rows_read_the_cache_in_place_with_the_torch_paths_tokens(cache, 
     off = engine("off")
     assert off.stats().cpu_aot_kernels["decode_attention"]["status"] == "off"
     assert off.runner.attn.cpu_decode is None
+    # an int8 cache (the torch path's layout on the CPU): read in place too
+    int8 = LLMEngine(EngineConfig(cpu_aot_kernels="auto", kv_cache_memory_gib=0.01,
+                                  max_model_len=128, kv_cache_dtype="int8", **FLAGS),
+                     load_model_source(MODEL))
+    assert int8.stats().cpu_aot_kernels["decode_attention"]["status"] == "loaded"
+    attn = int8.runner.attn
+    kernel, attn.cpu_decode = attn.cpu_decode, None
+    torch_path = int8.generate(PROMPTS, params)
+    attn.cpu_decode = spy = Counting(kernel)
+    assert int8.generate(PROMPTS, params) == torch_path and spy.calls == 2 * 11
 
 
 def test_off_and_heads_without_one_run_torchs_kernels(cache, monkeypatch):

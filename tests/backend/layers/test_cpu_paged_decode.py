@@ -1,7 +1,8 @@
 """The CPU's paged decode attention (``backend.layers.cpu_paged_decode``): built with the
 system's compiler, it reads decode rows' K/V through the block tables in place and gives the
-torch path's output (gather + SDPA) for every head size, group, dtype, context length and
-thread count it serves; shapes it does not serve are refused, never computed wrong."""
+torch path's output (gather + SDPA) for every head size, group, dtype, cache dtype (the
+model's, int8), context length and thread count it serves; what it does not serve is
+refused, never computed wrong."""
 from __future__ import annotations
 
 import pytest
@@ -27,15 +28,17 @@ def kernel(tmp_path_factory) -> cpu_paged_decode.PagedDecode:
 
 
 def case(lens: list[int], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-         block_size: int = 16, seed: int = 0):
-    """A one-layer cache with scattered blocks, its sdpa Attention and a decode step's
-    metadata for rows of ``lens`` positions: (attention, q, meta)."""
+         block_size: int = 16, seed: int = 0, kv_dtype: str = "auto"):
+    """A one-layer cache (``kv_dtype``) with scattered blocks, its sdpa Attention and a
+    decode step's metadata for rows of ``lens`` positions: (attention, q, meta)."""
     gen = torch.Generator().manual_seed(seed)
     width = -(-max(lens) // block_size)
     blocks = len(lens) * width + 3
-    cache = KVCache(1, blocks, block_size, kv_heads, head_dim, dtype, "auto",
+    cache = KVCache(1, blocks, block_size, kv_heads, head_dim, dtype, kv_dtype,
                     torch.device("cpu"), kernel_layout=False)
-    cache.data.copy_(torch.randn(cache.data.shape, generator=gen) * 2)
+    slots = torch.arange(blocks * block_size)
+    k, v = (torch.randn(2, len(slots), kv_heads, head_dim, generator=gen) * 2).to(dtype)
+    cache.write(0, slots, k, v)
     tables = torch.randperm(blocks, generator=gen)[:len(lens) * width].view(len(lens), width)
     attn = Attention(heads, kv_heads, head_dim, "sdpa", cache)
     q = (torch.randn(len(lens), heads, head_dim, generator=gen) * 2).to(dtype)
@@ -48,8 +51,10 @@ def case(lens: list[int], heads: int, kv_heads: int, head_dim: int, dtype: torch
 
 
 def reference(attn: Attention, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    """softmax(q k^T * scale) v in float64 over each row's own positions."""
-    cache, bs = attn.kv_cache.data[0].double(), attn.kv_cache.block_size
+    """softmax(q k^T * scale) v in float64 over each row's own positions (an int8 cache's
+    dequantised values)."""
+    kv, bs = attn.kv_cache, attn.kv_cache.block_size
+    cache = kv.gather(0, torch.arange(kv.data.shape[1]), torch.float32).double()
     out = []
     for row, n in enumerate(meta.context_lens.tolist()):
         slots = (meta.block_tables[row].long()[:, None] * bs + torch.arange(bs)).flatten()[:n]
@@ -60,21 +65,29 @@ def reference(attn: Attention, q: torch.Tensor, meta: AttentionMetadata) -> torc
     return torch.stack(out)
 
 
+def call(kernel: cpu_paged_decode.PagedDecode, attn: Attention, q: torch.Tensor,
+         meta: AttentionMetadata) -> torch.Tensor:
+    cache = attn.kv_cache
+    return kernel(q, cache.data[0], meta.block_tables, meta.context_lens, cache.block_size,
+                  attn.scale, None if cache.scales is None else cache.scales[0])
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 2, 16), (8, 1, 32),
                                                      (4, 4, 128), (16, 2, 256)])
-def test_matches_the_torch_path_and_a_float64_reference(kernel, dtype, heads, kv_heads,
-                                                        head_dim):
+def test_matches_the_torch_path_and_a_float64_reference(kernel, dtype, kv_dtype, heads,
+                                                        kv_heads, head_dim):
     # lengths: one position, a partial block, whole blocks, many spans
-    attn, q, meta = case([1, 13, 64, 300, 1000], heads, kv_heads, head_dim, dtype)
+    attn, q, meta = case([1, 13, 64, 300, 1000], heads, kv_heads, head_dim, dtype,
+                         kv_dtype=kv_dtype)
     attn.prepare(meta)
     torch_path = attn._decode(0, q, meta)
-    got = kernel(q, attn.kv_cache.data[0], meta.block_tables, meta.context_lens,
-                 attn.kv_cache.block_size, attn.scale)
+    got = call(kernel, attn, q, meta)
     want = reference(attn, q, meta)
     assert got.dtype == dtype and got.shape == q.shape
     tol = 1e-5 if dtype == torch.float32 else 8e-3  # bf16: the output's rounding
@@ -82,14 +95,18 @@ def test_matches_the_torch_path_and_a_float64_reference(kernel, dtype, heads, kv
     assert rel(got, want) <= rel(torch_path, want) * 1.5 + 1e-6
     # a row of one position is its V row itself
     slot = int(meta.block_tables[0, 0]) * attn.kv_cache.block_size
-    v0 = attn.kv_cache.data[0, slot, 1].repeat_interleave(attn.group, dim=0)
+    v0 = attn.kv_cache.gather(0, torch.tensor([slot]), torch.float32)[0, 1]
+    v0 = v0.repeat_interleave(attn.group, dim=0)
     torch.testing.assert_close(got[0].float(), v0.float(), rtol=tol, atol=tol)
 
 
-def test_every_thread_count_and_split_gives_the_same_answer(kernel):
-    attn, q, meta = case([1, 5, 64, 129, 700, 2047], 9, 3, 64, torch.float32, seed=3)
-    args = (q, attn.kv_cache.data[0], meta.block_tables, meta.context_lens,
-            attn.kv_cache.block_size, attn.scale)
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_every_thread_count_and_split_gives_the_same_answer(kernel, kv_dtype):
+    attn, q, meta = case([1, 5, 64, 129, 700, 2047], 9, 3, 64, torch.float32, seed=3,
+                         kv_dtype=kv_dtype)
+    cache = attn.kv_cache
+    args = (q, cache.data[0], meta.block_tables, meta.context_lens, cache.block_size,
+            attn.scale, None if cache.scales is None else cache.scales[0])
     want = reference(attn, q, meta)
     before = torch.get_num_threads()
     try:
@@ -119,10 +136,14 @@ def test_block_sizes_and_rows_as_views_of_a_wider_step(kernel):
 
 def test_shapes_it_does_not_serve_are_refused(kernel):
     serves = cpu_paged_decode.PagedDecode.serves
-    assert serves(torch.bfloat16, 9, 3, 64) and serves(torch.float32, 32, 4, 128)
-    assert not serves(torch.float16, 9, 3, 64)  # no fp16 path
-    assert not serves(torch.bfloat16, 9, 3, 96)  # head size
-    assert not serves(torch.bfloat16, 18, 1, 64)  # 18 query heads to a KV head
+    bf16, f32, int8 = torch.bfloat16, torch.float32, torch.int8
+    assert serves(bf16, bf16, 9, 3, 64) and serves(f32, f32, 32, 4, 128)
+    assert serves(bf16, int8, 9, 3, 64) and serves(f32, int8, 9, 3, 64)
+    assert not serves(bf16, f32, 9, 3, 64)  # a cache in another float dtype
+    assert not serves(bf16, torch.uint8, 9, 3, 64)  # fp8 codes
+    assert not serves(torch.float16, torch.float16, 9, 3, 64)  # no fp16 path
+    assert not serves(bf16, bf16, 9, 3, 96)  # head size
+    assert not serves(bf16, bf16, 18, 1, 64)  # 18 query heads to a KV head
     attn, q, meta = case([10], 4, 2, 64, torch.bfloat16)
     cache = attn.kv_cache.data[0]
     with pytest.raises(ValueError, match="does not serve"):
@@ -131,6 +152,12 @@ def test_shapes_it_does_not_serve_are_refused(kernel):
         kernel(q.float(), cache, meta.block_tables, meta.context_lens, 16, 0.1)
     with pytest.raises(ValueError, match="int32"):
         kernel(q, cache, meta.block_tables.long(), meta.context_lens, 16, 0.1)
+    scales = torch.ones(cache.shape[:-1])
+    with pytest.raises(ValueError, match="only it"):  # scales beside a bf16 cache
+        kernel(q, cache, meta.block_tables, meta.context_lens, 16, 0.1, scales)
+    codes = torch.zeros(cache.shape, dtype=torch.int8)
+    with pytest.raises(ValueError, match="only it"):  # an int8 cache without its scales
+        kernel(q, codes, meta.block_tables, meta.context_lens, 16, 0.1)
 
 
 def test_the_attention_layer_takes_it_for_decode_rows_only(kernel):
@@ -150,9 +177,12 @@ def test_the_attention_layer_takes_it_for_decode_rows_only(kernel):
     out = attn.forward(0, q, k, k, meta)  # writes this step's K/V, then attends
     assert calls.calls == 1 and out.shape == (2, 4 * 64)
     assert rel(out.view(2, 4, 64), want) < 1e-2
-    int8 = KVCache(1, 8, 16, 2, 64, torch.bfloat16, "int8", torch.device("cpu"),
-                   kernel_layout=False)
-    assert not Attention(4, 2, 64, "sdpa", int8).cpu_decode_serves()
+    def cache(kv_dtype, kernel_layout=False):
+        return KVCache(1, 8, 16, 2, 64, torch.bfloat16, kv_dtype, torch.device("cpu"),
+                       kernel_layout=kernel_layout)
+    assert Attention(4, 2, 64, "sdpa", cache("int8")).cpu_decode_serves()
+    assert not Attention(4, 2, 64, "sdpa", cache("int8", True)).cpu_decode_serves()
+    assert not Attention(4, 2, 64, "sdpa", cache("fp8_e4m3")).cpu_decode_serves()
     assert not Attention(4, 2, 64, "math", attn.kv_cache).cpu_decode_serves()
 
 
