@@ -227,7 +227,12 @@ class Attention:
             return self._forward_triton(layer, q, k, v, meta, rope, dependent_launch)
         if rope is not None:
             raise ValueError(f"attention {self.backend!r} takes q and k with RoPE applied")
-        self.kv_cache.write(layer, meta.slot_mapping, k, v)
+        cache = self.kv_cache
+        if self.cpu_decode is not None and cache.scales is not None:  # int8, torch layout
+            self.cpu_decode.store_int8(meta.slot_mapping, k, v, cache.data[layer],
+                                       cache.scales[layer])
+        else:
+            cache.write(layer, meta.slot_mapping, k, v)
         T = q.shape[0]
         if not meta.prefill_spans:  # pure decode step: no output buffer, no copies
             return self._decode(layer, q, meta).view(T, self.num_heads * self.head_dim)

@@ -8,10 +8,12 @@ SmolLM2 at a 256-token context, ~100 µs a layer, a quarter of a batch-1 step. T
 reads each position's K and V through the block table where they lie (int8 codes widened in
 registers, their scales applied to the score and to the softmax weight), in fp32 with one
 softmax per span of positions (split over the threads, merged per sequence), and writes the
-rows' output in the model dtype.
+rows' output in the model dtype. For an int8 cache the same library also quantises and
+stores each step's K and V in one pass (``store_int8``, the bits of ``kv_cache.quantise``),
+where torch took a stack, six elementwise ops and two copies a layer.
 
-It is C++ with AVX-512 intrinsics behind a plain C function, compiled with the system's C++
-compiler (about two seconds; no torch headers) into a shared library named for its source,
+It is C++ with AVX-512 intrinsics behind plain C functions, compiled with the system's C++
+compiler (a few seconds; no torch headers) into a shared library named for its source,
 flags and CPU, and called through ``ctypes``: built once per machine beside the other CPU
 kernels (``backend.engine.aot_kernels``), loaded at start.
 """
@@ -100,6 +102,10 @@ class PagedDecode:
         fn.argtypes = [i, i, p, p, p, p, p, i, p, i, i, i, i, i, ctypes.c_float, i, i]
         fn.restype = i
         self._fn = fn
+        store = lib.ft_store_int8
+        store.argtypes = [i, p, p, ctypes.c_int64, ctypes.c_int64, p, i, i, i, p, p]
+        store.restype = i
+        self._store = store
 
     @staticmethod
     def serves(dtype: torch.dtype, storage: torch.dtype, num_heads: int, num_kv_heads: int,
@@ -138,6 +144,23 @@ class PagedDecode:
             raise ValueError(f"paged decode does not serve {H} heads of {hd} over "
                              f"{cache.shape[-2]} KV heads, or a context length < 1")
         return out
+
+    def store_int8(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cache: torch.Tensor, scales: torch.Tensor) -> None:
+        """``KVCache.write`` into an int8 cache in the torch path's layout, the same bits
+        (``kv_cache.quantise``) in one pass: slots [T] long; k, v [T, kvh, hd] in bf16 /
+        float32; cache one layer's [slots, 2, kvh, hd] int8, scales its [slots, 2, kvh]."""
+        T, kvh, hd = k.shape
+        k, v = (x if x.stride(2) == 1 and x.stride(1) == hd else x.contiguous() for x in (k, v))
+        slots = slots.contiguous()
+        if not (k.dtype == v.dtype and k.dtype in DTYPES and slots.dtype == torch.int64
+                and cache.dtype == torch.int8 and cache.is_contiguous()
+                and scales.is_contiguous() and scales.shape == cache.shape[:-1]):
+            raise ValueError("store_int8: bf16 / float32 K and V, int64 slots, an int8 cache")
+        rc = self._store(DTYPES[k.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
+                         slots.data_ptr(), T, kvh, hd, cache.data_ptr(), scales.data_ptr())
+        if rc:
+            raise ValueError(f"store_int8 does not serve heads of {hd}")
 
 
 def load(directory: Path) -> PagedDecode | None:

@@ -247,4 +247,46 @@ int ft_paged_decode(int bf16, int cache_kind, const void* q, void* out, const vo
   }
 }
 
+// Quantises a step's K and V into an int8 cache in the torch path's layout, the same bits as
+// kv_cache.quantise: scale = max(amax / 127, 1e-12) per (token, K/V, head), codes =
+// round-half-even(x / scale) clamped to [-127, 127]. k, v: [T, kvh, hd] with rows
+// k_row / v_row elements apart (heads contiguous within a row), bf16 (1) or float32 (0);
+// slots: [T] int64; data: one layer's [slots, 2, kvh, hd] int8; scales: [slots, 2, kvh].
+int ft_store_int8(int bf16, const void* k, const void* v, int64_t k_row, int64_t v_row,
+                  const int64_t* slots, int T, int kvh, int hd, int8_t* data, float* scales) {
+  if (hd % 16 != 0 || hd > 256) return -1;
+  const int V = hd / 16;
+  for (int t = 0; t < T; ++t) {
+    const int64_t slot = slots[t];
+    for (int c = 0; c < 2; ++c) {
+      for (int h = 0; h < kvh; ++h) {
+        __m512 x[16];
+        __m512 amax = _mm512_setzero_ps();
+        for (int i = 0; i < V; ++i) {
+          if (bf16) {
+            const uint16_t* src = static_cast<const uint16_t*>(c ? v : k) + t * (c ? v_row : k_row);
+            x[i] = load16(src + h * hd + i * 16);
+          } else {
+            const float* src = static_cast<const float*>(c ? v : k) + t * (c ? v_row : k_row);
+            x[i] = load16(src + h * hd + i * 16);
+          }
+          amax = _mm512_max_ps(amax, _mm512_abs_ps(x[i]));
+        }
+        const float scale = std::max(_mm512_reduce_max_ps(amax) / 127.f, 1e-12f);
+        const __m512 sv = _mm512_set1_ps(scale);
+        int8_t* out = data + (slot * 2 + c) * kvh * hd + h * hd;
+        for (int i = 0; i < V; ++i) {
+          __m512 y = _mm512_roundscale_ps(_mm512_div_ps(x[i], sv),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-127.f)), _mm512_set1_ps(127.f));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i * 16),
+                           _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(y)));
+        }
+        scales[(slot * 2 + c) * kvh + h] = scale;
+      }
+    }
+  }
+  return 0;
+}
+
 }  // extern "C"

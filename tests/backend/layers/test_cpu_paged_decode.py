@@ -11,6 +11,7 @@ import torch
 from backend.layers import cpu_paged_decode
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache
+from tests.backend.layers.test_cpu_aot import Counting
 
 pytestmark = pytest.mark.skipif(cpu_paged_decode.why_not_here() is not None,
                                 reason=str(cpu_paged_decode.why_not_here()))
@@ -186,10 +187,39 @@ def test_the_attention_layer_takes_it_for_decode_rows_only(kernel):
     assert not Attention(4, 2, 64, "math", attn.kv_cache).cpu_decode_serves()
 
 
-class Counting:
-    def __init__(self, fn):
-        self.fn, self.calls = fn, 0
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kv_heads,head_dim", [(3, 64), (2, 16), (1, 256), (4, 128)])
+def test_the_int8_store_writes_the_torch_writes_bits(kernel, dtype, kv_heads, head_dim):
+    """``store_int8`` against ``KVCache.write`` (``kv_cache.quantise``): the same codes and
+    scales, with K and V as strided views of a wider step output, rows of zeros and of one
+    large value, and slots in any order."""
+    gen = torch.Generator().manual_seed(head_dim)
+    T = 37
+    twins = [KVCache(1, 8, 16, kv_heads, head_dim, dtype, "int8", torch.device("cpu"),
+                     kernel_layout=False) for _ in range(2)]
+    wide = (torch.randn(T, 3 * kv_heads, head_dim, generator=gen) * 3).to(dtype)
+    wide[3] = 0  # a zero row: scale 1e-12, codes 0
+    wide[5, 0, 7] = 1e4
+    k, v = wide[:, kv_heads:2 * kv_heads], wide[:, 2 * kv_heads:]  # strided views
+    slots = torch.randperm(8 * 16, generator=gen)[:T]
+    twins[0].write(0, slots, k, v)
+    kernel.store_int8(slots, k, v, twins[1].data[0], twins[1].scales[0])
+    assert torch.equal(twins[0].data, twins[1].data)
+    assert torch.equal(twins[0].scales, twins[1].scales)
 
-    def __call__(self, *args):
-        self.calls += 1
-        return self.fn(*args)
+
+def test_an_int8_cache_is_written_and_read_through_the_library(kernel):
+    """Attention.forward over an int8 cache with the library attached stores through it
+    (the bits ``KVCache.write`` gives) and attends through the paged kernel."""
+    attn, q, meta = case([7, 50], 4, 2, 64, torch.bfloat16, kv_dtype="int8")
+    twin, _, _ = case([7, 50], 4, 2, 64, torch.bfloat16, kv_dtype="int8")
+    attn.cpu_decode = kernel
+    gen = torch.Generator().manual_seed(1)
+    k, v = torch.randn(2, 2, 2, 64, generator=gen).to(torch.bfloat16)
+    meta.slot_mapping = torch.tensor([attn.kv_cache.scratch_slot, 5])
+    attn.prepare(meta)
+    out = attn.forward(0, q, k, v, meta)
+    twin.kv_cache.write(0, meta.slot_mapping, k, v)
+    assert torch.equal(attn.kv_cache.data, twin.kv_cache.data)
+    assert torch.equal(attn.kv_cache.scales, twin.kv_cache.scales)
+    assert rel(out.view(2, 4, 64), reference(attn, q, meta)) < 8e-3
