@@ -99,11 +99,13 @@ class PagedDecode:
         lib = ctypes.CDLL(str(self.path))
         fn = lib.ft_paged_decode
         p, i = ctypes.c_void_p, ctypes.c_int
-        fn.argtypes = [i, i, p, p, p, p, p, i, p, i, i, i, i, i, ctypes.c_float, i, i]
+        fn.argtypes = [i, i, p, p, p, ctypes.c_int64, p, p, i, p, i, i, i, i, i,
+                       ctypes.c_float, i, i]
         fn.restype = i
         self._fn = fn
         store = lib.ft_store_int8
-        store.argtypes = [i, p, p, ctypes.c_int64, ctypes.c_int64, p, i, i, i, p, p]
+        store.argtypes = [i, p, p, ctypes.c_int64, ctypes.c_int64, p, i, i, i, p, p,
+                          ctypes.c_int64]
         store.restype = i
         self._store = store
 
@@ -136,13 +138,17 @@ class PagedDecode:
         D, H, hd = q.shape
         out = torch.empty_like(q)
         rc = self._fn(DTYPES[q.dtype], CACHE_KINDS[cache.dtype], q.data_ptr(), out.data_ptr(),
-                      cache.data_ptr(), None if scales is None else scales.data_ptr(),
+                      cache.data_ptr(), cache.shape[0],
+                      None if scales is None else scales.data_ptr(),
                       tables.data_ptr(), tables.shape[1], lens.data_ptr(), D, H,
                       cache.shape[-2], hd, block_size, scale, MIN_SPAN,
                       torch.get_num_threads())
+        if rc == -2:
+            raise ValueError("paged decode: a context length < 1 or past its block table, or "
+                             "a block outside the cache")
         if rc:
             raise ValueError(f"paged decode does not serve {H} heads of {hd} over "
-                             f"{cache.shape[-2]} KV heads, or a context length < 1")
+                             f"{cache.shape[-2]} KV heads")
         return out
 
     def store_int8(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -158,7 +164,10 @@ class PagedDecode:
                 and scales.is_contiguous() and scales.shape == cache.shape[:-1]):
             raise ValueError("store_int8: bf16 / float32 K and V, int64 slots, an int8 cache")
         rc = self._store(DTYPES[k.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
-                         slots.data_ptr(), T, kvh, hd, cache.data_ptr(), scales.data_ptr())
+                         slots.data_ptr(), T, kvh, hd, cache.data_ptr(), scales.data_ptr(),
+                         cache.shape[0])
+        if rc == -2:
+            raise ValueError("store_int8: a slot outside the cache")
         if rc:
             raise ValueError(f"store_int8 does not serve heads of {hd}")
 

@@ -226,16 +226,25 @@ extern "C" {
 // q, out: [D, H, hd] (bf16: 1 for bfloat16, 0 for float32); cache: one layer, [slots, 2,
 // kvh, hd] of kind cache_kind (0 float32, 1 bfloat16, 2 int8 with scales [slots, 2, kvh]
 // float32, else scales null); tables: [D, W] block ids; lens: [D] context lengths (this
-// step's token included, all >= 1). Returns 0, or -1 for what this build does not serve
-// (nothing written).
+// step's token included, all >= 1); slots: the cache's slot count. Returns 0, -1 for what
+// this build does not serve, -2 for a context or block table that reaches outside the
+// cache (nothing written either way).
 int ft_paged_decode(int bf16, int cache_kind, const void* q, void* out, const void* cache,
-                    const float* scales, const int32_t* tables, int W, const int32_t* lens,
-                    int D, int H, int kvh, int hd, int bs, float scale, int min_span,
-                    int threads) {
-  if (kvh <= 0 || H % kvh != 0 || H / kvh > kMaxGroup) return -1;
+                    int64_t slots, const float* scales, const int32_t* tables, int W,
+                    const int32_t* lens, int D, int H, int kvh, int hd, int bs, float scale,
+                    int min_span, int threads) {
+  if (kvh <= 0 || H % kvh != 0 || H / kvh > kMaxGroup || bs < 1) return -1;
   if (cache_kind < 0 || cache_kind > 2 || (cache_kind == 2) != (scales != nullptr)) return -1;
-  for (int d = 0; d < D; ++d)
-    if (lens[d] < 1) return -1;
+  // every position read lies in the cache: a context within its table, the table's blocks
+  // within the cache (a bad table is refused here, never read out of bounds)
+  const int64_t blocks = slots / bs;
+  for (int d = 0; d < D; ++d) {
+    if (lens[d] < 1 || lens[d] > static_cast<int64_t>(W) * bs) return -2;
+    for (int b = 0, n = (lens[d] + bs - 1) / bs; b < n; ++b) {
+      const int32_t id = tables[static_cast<int64_t>(d) * W + b];
+      if (id < 0 || id >= blocks) return -2;
+    }
+  }
   const Args a{scales, tables, W, lens, D, H, kvh, bs, scale, min_span, threads};
   switch (hd) {
     case 16: return dispatch<16>(bf16, cache_kind, q, out, cache, a);
@@ -251,10 +260,14 @@ int ft_paged_decode(int bf16, int cache_kind, const void* q, void* out, const vo
 // kv_cache.quantise: scale = max(amax / 127, 1e-12) per (token, K/V, head), codes =
 // round-half-even(x / scale) clamped to [-127, 127]. k, v: [T, kvh, hd] with rows
 // k_row / v_row elements apart (heads contiguous within a row), bf16 (1) or float32 (0);
-// slots: [T] int64; data: one layer's [slots, 2, kvh, hd] int8; scales: [slots, 2, kvh].
+// slots: [T] int64, each below num_slots (else -2, nothing written); data: one layer's
+// [num_slots, 2, kvh, hd] int8; scales: [num_slots, 2, kvh].
 int ft_store_int8(int bf16, const void* k, const void* v, int64_t k_row, int64_t v_row,
-                  const int64_t* slots, int T, int kvh, int hd, int8_t* data, float* scales) {
+                  const int64_t* slots, int T, int kvh, int hd, int8_t* data, float* scales,
+                  int64_t num_slots) {
   if (hd % 16 != 0 || hd > 256) return -1;
+  for (int t = 0; t < T; ++t)  // nothing is written outside the cache
+    if (slots[t] < 0 || slots[t] >= num_slots) return -2;
   const int V = hd / 16;
   for (int t = 0; t < T; ++t) {
     const int64_t slot = slots[t];

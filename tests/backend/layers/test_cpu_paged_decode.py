@@ -147,8 +147,19 @@ def test_shapes_it_does_not_serve_are_refused(kernel):
     assert not serves(bf16, bf16, 18, 1, 64)  # 18 query heads to a KV head
     attn, q, meta = case([10], 4, 2, 64, torch.bfloat16)
     cache = attn.kv_cache.data[0]
-    with pytest.raises(ValueError, match="does not serve"):
+    with pytest.raises(ValueError, match="context length < 1"):
         kernel(q, cache, meta.block_tables, torch.zeros(1, dtype=torch.int32), 16, 0.1)
+    # a context past its table, a block past the cache or negative: refused, never read
+    too_long = torch.tensor([meta.block_tables.shape[1] * 16 + 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match="past its block table"):
+        kernel(q, cache, meta.block_tables, too_long, 16, 0.1)
+    for bad in (cache.shape[0] // 16, -1):
+        tables = meta.block_tables.clone()
+        tables[0, 0] = bad
+        with pytest.raises(ValueError, match="a block outside the cache"):
+            kernel(q, cache, tables, meta.context_lens, 16, 0.1)
+    with pytest.raises(ValueError, match="does not serve"):  # 3 query heads over 2 KV heads
+        kernel(q[:, :3], cache, meta.block_tables, meta.context_lens, 16, 0.1)
     with pytest.raises(ValueError, match="contiguous cache in q's dtype"):
         kernel(q.float(), cache, meta.block_tables, meta.context_lens, 16, 0.1)
     with pytest.raises(ValueError, match="int32"):
@@ -206,6 +217,12 @@ def test_the_int8_store_writes_the_torch_writes_bits(kernel, dtype, kv_heads, he
     kernel.store_int8(slots, k, v, twins[1].data[0], twins[1].scales[0])
     assert torch.equal(twins[0].data, twins[1].data)
     assert torch.equal(twins[0].scales, twins[1].scales)
+    for bad in (twins[1].data.shape[1], -1):  # outside the cache: refused, nothing written
+        before = twins[1].data.clone()
+        with pytest.raises(ValueError, match="outside the cache"):
+            kernel.store_int8(torch.tensor([0, bad]), k[:2], v[:2], twins[1].data[0],
+                              twins[1].scales[0])
+        assert torch.equal(twins[1].data, before)
 
 
 def test_an_int8_cache_is_written_and_read_through_the_library(kernel):
