@@ -54,6 +54,8 @@ def why_not_here() -> str | None:
     """Why this machine cannot build the kernel, or None."""
     if not cpu_has_avx512f():
         return "the CPU has no AVX-512F (the torch path serves decode attention)"
+    if not SOURCE.is_file():
+        return f"its source {SOURCE.name} is not installed beside this module"
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         return "no C++ compiler (c++ or $CXX) to build it"
     return None
