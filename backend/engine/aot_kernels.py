@@ -2,8 +2,8 @@
 steps of few rows: the int8 LM head's one-row GEMV and the quantised layers' work between
 attention calls (``backend.engine.aot_layers``: one package for one-row steps, one for
 steps of 2 up to 8 rows (int4; 3 for int8)); and, in steps of any size, the decode rows'
-attention over a bf16 / float32 cache read in place (``backend.layers.cpu_paged_decode``, a
-C++ library, CPUs with AVX-512F). Packages live in the weights cache,
+attention over a cache in the model dtype or int8 read in place, with the int8 store
+(``backend.layers.cpu_paged_decode``, a C++ library, CPUs with AVX-512F). Packages live in the weights cache,
 ``$FIRSTTOKEN_CACHE/kernels`` (default ``~/.cache/firsttoken/kernels``), one per shape and
 machine; ``make model`` builds the embedded model's. At start the engine loads a package
 that is there (``--cpu-aot-kernels auto``), compiles a missing one first (``build``, 10-40 s
@@ -112,14 +112,16 @@ def _checked_decode(kernel: cpu_paged_decode.PagedDecode, attn: Attention
     small.write(0, slots, k, v)
     tables = torch.randperm(3 * width, generator=gen).view(3, width).to(torch.int32)
     q = torch.randn(3, attn.num_heads, hd, generator=gen).to(cache.model_dtype)
+    # the torch path through the layer itself; this step's K/V go to the scratch slot,
+    # which no row reads
     ref = Attention(attn.num_heads, kvh, hd, "sdpa", small)
-    meta = AttentionMetadata(torch.zeros(3, dtype=torch.long), tables, lens,
+    meta = AttentionMetadata(torch.full((3,), small.scratch_slot), tables, lens,
                              torch.arange(4, dtype=torch.int32), num_decode=3,
                              max_decode_context=200, min_decode_context=1)
-    ref.prepare(meta)
-    want = ref._decode(0, q, meta)
+    step_kv = torch.zeros(3, kvh, hd, dtype=cache.model_dtype)
+    want = ref.forward(0, q, step_kv, step_kv, ref.prepare(meta))
     got = kernel(q, small.data[0], tables, lens, bs, attn.scale,
-                 None if small.scales is None else small.scales[0])
+                 None if small.scales is None else small.scales[0]).view(want.shape)
     err = cpu_aot.relative_error(got, want)
     if got.shape != want.shape or not err <= 2e-2:
         raise RuntimeError(f"{kernel.path.name} disagrees with the torch path "
