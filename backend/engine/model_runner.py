@@ -15,6 +15,7 @@ from backend.engine.aot_kernels import attach as attach_aot_kernels
 from backend.engine.config import EngineConfig, prefill_dense_budget
 from backend.engine.cuda_graph import StepGraphs
 from backend.engine.kernels import probe_attention_kernel, resolve_attention
+from backend.layers.cpu_paged_decode import KERNEL_NAME as CPU_PAGED_DECODE_KERNEL
 from backend.engine.nvtx import NvtxRanges
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import ScheduledBatch
@@ -115,6 +116,8 @@ class ModelRunner:
             self.attn, self.kv_cache.scratch_slot, self.block_size)
         self.aot_kernels: AotKernels = attach_aot_kernels(self.model, self.attn,
                                                                config.cpu_aot_kernels)
+        if self.attn.cpu_decode is not None:  # decode rows run our kernel, prefill SDPA
+            self.attention_kernel = f"{self.attention_kernel}+{CPU_PAGED_DECODE_KERNEL}"
         # [max_num_seqs] long: the latest step's sampled ids, where the next step's inputs
         # read tokens the host has not seen yet (a fixed buffer: CUDA graphs read it too)
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,

@@ -33,6 +33,8 @@ import torch
 from backend.layers import cpu_aot
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_cpu.cpp"
+# its part of ``EngineStats.attention_kernel`` where decode rows run it ("cpu_flash+...")
+KERNEL_NAME = "cpu_paged_decode"
 FLAGS = ("-O3", "-mavx512f", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 HEAD_DIMS = (16, 32, 64, 128, 256)
 MAX_GROUP = 8  # query heads per KV head

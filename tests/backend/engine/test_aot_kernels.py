@@ -134,6 +134,8 @@ def test_decode_rows_read_the_cache_in_place_with_the_torch_paths_tokens(cache, 
         return
     assert status == {"status": "loaded", "reason": "", "build_seconds": None,
                       "path": str(cache / "kernels" / cpu_paged_decode.library_name())}
+    # /health's attention_kernel names what runs: SDPA for prefill, the kernel for decodes
+    assert eng.stats().attention_kernel == f"cpu_flash+{cpu_paged_decode.KERNEL_NAME}"
     kernel, attn.cpu_decode = attn.cpu_decode, None
     params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0)
     torch_path = eng.generate(PROMPTS, params)
@@ -143,6 +145,7 @@ def test_decode_rows_read_the_cache_in_place_with_the_torch_paths_tokens(cache, 
     off = engine("off")
     assert off.stats().cpu_aot_kernels["decode_attention"]["status"] == "off"
     assert off.runner.attn.cpu_decode is None
+    assert off.stats().attention_kernel == "cpu_flash"
     # an int8 cache (the torch path's layout on the CPU): read in place too
     int8 = LLMEngine(EngineConfig(cpu_aot_kernels="auto", kv_cache_memory_gib=0.01,
                                   max_model_len=128, kv_cache_dtype="int8", **FLAGS),
