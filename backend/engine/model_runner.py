@@ -15,13 +15,12 @@ from backend.engine.aot_kernels import attach as attach_aot_kernels
 from backend.engine.config import EngineConfig, prefill_dense_budget
 from backend.engine.cuda_graph import StepGraphs
 from backend.engine.kernels import probe_attention_kernel, resolve_attention
-from backend.layers.cpu_paged_decode import KERNEL_NAME as CPU_PAGED_DECODE_KERNEL
 from backend.engine.nvtx import NvtxRanges
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import ScheduledBatch
 from backend.engine.step_ops import apply_step_ops, resolve_step_ops
 from backend.engine.step_inputs import HostStep, build_step, split_on_device
-from backend.layers import cpu_fp16
+from backend.layers import cpu_fp16, cpu_paged_decode
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache, bytes_per_block
 from backend.layers.linear import (PrefillDense, WeightFormat, keep_prefill_dense,
@@ -117,7 +116,7 @@ class ModelRunner:
         self.aot_kernels: AotKernels = attach_aot_kernels(self.model, self.attn,
                                                                config.cpu_aot_kernels)
         if self.attn.cpu_decode is not None:  # decode rows run our kernel, prefill SDPA
-            self.attention_kernel = f"{self.attention_kernel}+{CPU_PAGED_DECODE_KERNEL}"
+            self.attention_kernel = f"{self.attention_kernel}+{cpu_paged_decode.KERNEL_NAME}"
         # [max_num_seqs] long: the latest step's sampled ids, where the next step's inputs
         # read tokens the host has not seen yet (a fixed buffer: CUDA graphs read it too)
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,

@@ -144,8 +144,9 @@ class Attention:
         cache = self.kv_cache
         if self.backend != "sdpa" or cache is None or cache.data.device.type != "cpu":
             return False
-        if cache.scales is not None and (cache.kv_cache_dtype != "int8" or cache.kernel_layout):
+        if cache.scales is not None and cache.kernel_layout:  # scales by head: Triton's
             return False
+        # (fp8's uint8 codes: refused by ``serves``)
         return cpu_paged_decode.PagedDecode.serves(cache.model_dtype, cache.data.dtype,
                                                    self.num_heads, self.num_kv_heads,
                                                    self.head_dim)

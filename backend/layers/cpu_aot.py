@@ -48,9 +48,9 @@ def package_name(n: int, k: int, dtype: torch.dtype) -> str:
 
 
 @functools.cache
-def cpu_tag() -> str:
-    """8 hex digits naming this CPU: its model name and feature flags (/proc/cpuinfo),
-    else what the platform module knows."""
+def cpu_info() -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo ("model name", "flags", ...); empty where
+    there is none."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
@@ -59,6 +59,14 @@ def cpu_tag() -> str:
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+@functools.cache
+def cpu_tag() -> str:
+    """8 hex digits naming this CPU: its model name and feature flags (/proc/cpuinfo),
+    else what the platform module knows."""
+    fields = cpu_info()
     text = "|".join((fields.get("model name", platform.processor()), fields.get("flags", ""),
                      platform.machine()))
     return hashlib.sha256(text.encode()).hexdigest()[:8]
@@ -114,20 +122,30 @@ def compile_package(path: Path, module: nn.Module, args: tuple,
     them) and compiles it into the package ``path`` (a no-op when another process built it
     meanwhile); the seconds spent. Raises where torch cannot compile (no C++ compiler, an
     unsupported platform, an untraceable module)."""
+    def write(partial: Path) -> None:
+        from torch._inductor import aoti_compile_and_package
+        program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes,
+                                      strict=False)
+        aoti_compile_and_package(program, package_path=str(partial))
+
+    return build_once(path, write)
+
+
+def build_once(path: Path, write: Callable[[Path], None]) -> float:
+    """``write(partial)`` makes the file at ``path`` (a no-op when another process built it
+    meanwhile): under the directory's build lock, into a partial file of the same suffix
+    (inductor wants .pt2 on the package it writes) moved into place whole, so a reader never
+    sees half a file; the seconds spent."""
     path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with open(path.parent / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two starts at once compile once
         if path.is_file():
             return time.perf_counter() - t0
-        from torch._inductor import aoti_compile_and_package
-        program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes,
-                                      strict=False)
-        # (inductor wants the .pt2 suffix on the file it writes)
-        partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")
+        partial = path.with_name(f".{path.stem}.{os.getpid()}.partial{path.suffix}")
         try:
-            aoti_compile_and_package(program, package_path=str(partial))
-            os.replace(partial, path)  # a reader never sees half a package
+            write(partial)
+            os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
     return time.perf_counter() - t0

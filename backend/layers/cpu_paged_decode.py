@@ -20,12 +20,10 @@ kernels (``backend.engine.aot_kernels``), loaded at start.
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import torch
@@ -44,21 +42,17 @@ CACHE_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the cache'
 MIN_SPAN = 64
 
 
-def cpu_has_avx512f() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False
+def compiler() -> str:
+    return os.environ.get("CXX", "c++")
 
 
 def why_not_here() -> str | None:
     """Why this machine cannot build the kernel, or None."""
-    if not cpu_has_avx512f():
+    if "avx512f" not in cpu_aot.cpu_info().get("flags", "").split():
         return "the CPU has no AVX-512F (the torch path serves decode attention)"
     if not SOURCE.is_file():
         return f"its source {SOURCE.name} is not installed beside this module"
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
+    if shutil.which(compiler()) is None:
         return "no C++ compiler (c++ or $CXX) to build it"
     return None
 
@@ -76,23 +70,14 @@ def build(directory: Path) -> float:
     why = why_not_here()
     if why is not None:
         raise RuntimeError(why)
-    path = Path(directory) / library_name()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with open(path.parent / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.is_file():
-            return time.perf_counter() - t0
-        partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.so")
-        try:
-            done = subprocess.run([os.environ.get("CXX", "c++"), *FLAGS, str(SOURCE), "-o",
-                                   str(partial)], capture_output=True, text=True, timeout=300)
-            if done.returncode:
-                raise RuntimeError(f"compiling {SOURCE.name} failed: {done.stderr[-2000:]}")
-            os.replace(partial, path)
-        finally:
-            partial.unlink(missing_ok=True)
-    return time.perf_counter() - t0
+
+    def write(partial: Path) -> None:
+        done = subprocess.run([compiler(), *FLAGS, str(SOURCE), "-o", str(partial)],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode:
+            raise RuntimeError(f"compiling {SOURCE.name} failed: {done.stderr[-2000:]}")
+
+    return cpu_aot.build_once(Path(directory) / library_name(), write)
 
 
 class PagedDecode:
