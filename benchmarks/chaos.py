@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -106,9 +107,11 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def gateway_config(fake_url: str, log_path: Path) -> dict[str, Any]:
-    provider = {"max_retries": 1, "timeout_seconds": 10, "first_token_timeout_seconds": 1.0,
-                "connect_timeout_seconds": 2}
+def gateway_config(fake_url: str, log_path: Path,
+                   first_token_timeout: float = 1.0) -> dict[str, Any]:
+    provider = {"max_retries": 1, "timeout_seconds": max(10.0, 4 * first_token_timeout),
+                "first_token_timeout_seconds": first_token_timeout,
+                "connect_timeout_seconds": 2 * first_token_timeout}
     return {
         "keys": [{"name": "chaos", "env": "CHAOS_KEY"}],
         "providers": {"fake": {"base_url": fake_url, **provider},
@@ -159,14 +162,30 @@ def _record_wrong(sc: Scenario, row: dict[str, Any] | None) -> str | None:
     return None
 
 
+async def _watch_loop(stalls: list[float], period: float = 0.01) -> None:
+    """Records how late the loop wakes up: a stall past the first-token timeout makes healthy
+    requests time out and be retried, which the result must be able to tell apart."""
+    loop = asyncio.get_running_loop()
+    while True:
+        t = loop.time()
+        await asyncio.sleep(period)
+        stalls.append(loop.time() - t - period)
+
+
 async def run_chaos(requests: int = 10_000, concurrency: int = 100,
-                    hang_after: float = 30.0) -> dict[str, Any]:
-    """Run the matrix; returns the result document (see the module docstring)."""
+                    hang_after: float = 30.0,
+                    first_token_timeout: float = 1.0) -> dict[str, Any]:
+    """Run the matrix; returns the result document (see the module docstring).
+
+    ``first_token_timeout`` is the providers' time to response headers and to the first token;
+    the hang scenarios wait it out (twice for hangs before headers, which are retried).
+    """
     tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
     log_path = tmp / "requests.jsonl"
     fake = FakeUpstream(FakeConfig(ttft_ms=1, itl_ms=1, tokens=TOKENS, record_limit=10))
     await fake.start()
-    app = create_app(build_config(gateway_config(fake.base_url, log_path), env={}),
+    app = create_app(build_config(gateway_config(fake.base_url, log_path,
+                                                       first_token_timeout), env={}),
                      env={"CHAOS_KEY": KEY})
     runner, url = await start_server(app)
     base = URL(url)
@@ -200,9 +219,19 @@ async def run_chaos(requests: int = 10_000, concurrency: int = 100,
     levels: Counter[str] = Counter()
     counter = _CountingHandler(levels)
     logging.getLogger("gateway").addHandler(counter)
+    stalls: list[float] = []
+    watch = asyncio.create_task(_watch_loop(stalls))
+    # The heap built before the run (a test process's, say) is left out of the collector's
+    # full passes during it: they would stall this one loop that serves every request.
+    gc.collect()
+    gc.freeze()
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(requests)))
-    wall = time.perf_counter() - t0
+    try:
+        await asyncio.gather(*(one(i) for i in range(requests)))
+    finally:
+        wall = time.perf_counter() - t0
+        gc.unfreeze()
+        watch.cancel()
     # Let hang-ups reach the gateway and the upstream, and the last records be written.
     metrics = app[state.METRICS]
     for _ in range(100):
@@ -241,6 +270,8 @@ async def run_chaos(requests: int = 10_000, concurrency: int = 100,
     wrong_by_scenario = Counter(rid.split("-", 2)[2] for rid in misrecorded)
     return {
         "requests": requests, "concurrency": concurrency, "wall_s": round(wall, 2),
+        "first_token_timeout_s": first_token_timeout,
+        "loop_stall_max_s": round(max(stalls, default=0.0), 3),
         "scenarios": {s.name: {"sent": by_scenario[s.name],
                                "misrecorded": wrong_by_scenario[s.name]} for s in SCENARIOS},
         "hung": len(hung), "misrecorded": len(misrecorded),
@@ -289,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=100)
     p.add_argument("--hang-after", type=float, default=30.0,
                    help="seconds after which a request counts as hung")
+    p.add_argument("--first-token-timeout", type=float, default=1.0,
+                   help="the providers' seconds to response headers and to the first token")
     p.add_argument("--json", help="write the result document here")
     a = p.parse_args(argv)
     try:
@@ -296,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover
         runner = asyncio.run
-    result = runner(run_chaos(a.requests, a.concurrency, a.hang_after))
+    result = runner(run_chaos(a.requests, a.concurrency, a.hang_after,
+                                a.first_token_timeout))
     result.update(passed=passed(result), command="python -m benchmarks.chaos " +
                   " ".join(argv if argv is not None else sys.argv[1:]),
                   machine=f"{platform.machine()} {os.cpu_count()} CPUs, Python "
@@ -311,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['wall_s']} s: hung {result['hung']}, misrecorded {result['misrecorded']}, "
           f"leaked fds {result['leaked_fds']}, leaked connections "
           f"{result['leaked_connections']}; gateway_requests_total "
-          f"{result['gateway_requests_total']}, log lines {result['log_lines']}")
+          f"{result['gateway_requests_total']}, log lines {result['log_lines']}; longest loop "
+          f"stall {result['loop_stall_max_s']} s")
     for rid, why in result["misrecorded_examples"].items():
         print(f"  {rid}: {why}")
     print("PASS" if result["passed"] else "FAIL")
