@@ -79,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "between attention calls): auto = where built (make model; python -m "
                         "backend.engine.build_kernels), build = compile what is missing at "
                         "start (10-40 s once), off = eager (default: %(default)s)")
+    p.add_argument("--cpu-int4-activations", default="int8x2",
+                   choices=("int8x2", "int8", "model"),
+                   help="int4 layers' calls of few rows (decode steps) on the CPU: the "
+                        "activations rounded per block of 32 to int8 twice (int8x2: the value, "
+                        "then its remainder, ~15 bits) or once (int8: faster, less exact), "
+                        "multiplied with the codes by AVX-512 VNNI dot products (a C++ op built "
+                        "with the kernels of --cpu-aot-kernels, not with off; CPUs without VNNI "
+                        "keep torch's kernel); model = torch's int4 kernel on activations in the "
+                        "model dtype (default: %(default)s)")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB",
                    help="KV cache size in GiB (default: sized from free memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -132,6 +141,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         lm_head_dtype=args.lm_head_dtype, weights_scaling=args.weights_scaling,
         prefill_dense_weights=args.prefill_dense_weights,
         prefill_dense_max_gib=args.prefill_dense_max_gib, cpu_aot_kernels=args.cpu_aot_kernels,
+        cpu_int4_activations=args.cpu_int4_activations,
         kv_cache_memory_gib=args.kv_cache_memory, block_size=args.block_size,
         cuda_graph=args.cuda_graph, cuda_graph_max_tokens=args.cuda_graph_max_tokens,
         nvtx=args.nvtx, nvtx_prefix=args.nvtx_prefix,

@@ -16,15 +16,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 import torch
 
 from backend.engine import aot_layers
-from backend.layers import cpu_aot, cpu_paged_decode
+from backend.layers import cpu_aot, cpu_paged_decode, cpu_w4a8
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache
-from backend.layers.linear import Int8Linear
+from backend.layers.linear import Int4Linear, Int8Linear
 from backend.model import LlamaModel
 from backend.weights.paths import cache_root
 
@@ -38,9 +39,11 @@ BUILD_HINT = "python -m backend.engine.build_kernels --model MODEL builds it"
 class AotKernels:
     """What became of the LM head's compiled one-row kernel (``/health``), and in
     ``layers`` / ``few_rows_layers`` of the layer pieces for one-row steps / steps of 2 to
-    ``rows`` rows (``backend.engine.aot_layers``) and in ``decode_attention`` of the paged
-    decode kernel (``backend.layers.cpu_paged_decode``), the same fields: {"status",
-    "reason", "path", "build_seconds"} (and "rows": [first, last] for the second)."""
+    ``rows`` rows (``backend.engine.aot_layers``), in ``decode_attention`` of the paged
+    decode kernel (``backend.layers.cpu_paged_decode``) and in ``int4_w4a8`` of the int4 x
+    int8 op (``backend.layers.cpu_w4a8``), the same fields: {"status", "reason", "path",
+    "build_seconds"} (and "rows": [first, last] for the second; "layers": how many run the
+    op, for the last)."""
 
     mode: str  # --cpu-aot-kernels
     lm_head: str  # loaded, built, not built, not used, off, failed
@@ -50,6 +53,7 @@ class AotKernels:
     layers: dict = field(default_factory=dict)
     few_rows_layers: dict = field(default_factory=dict)
     decode_attention: dict = field(default_factory=dict)
+    int4_w4a8: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -59,16 +63,78 @@ def kernels_dir() -> Path:
     return cache_root() / "kernels"
 
 
-def attach(model: LlamaModel, attn: Attention, mode: str) -> AotKernels:
+def attach(model: LlamaModel, attn: Attention, mode: str,
+           int4_activations: str = "int8") -> AotKernels:
     """Gives the model on the CPU its compiled one-token kernels, per ``mode``, after the
-    step ops are chosen (compiled step ops get none): the int8 LM head's one-row GEMV and
-    the layer pieces between attention calls; and ``attn`` its paged decode kernel. A
-    package that does not load, or whose output differs from the eager path's on the model's
-    own weights, is not used (the engine runs the eager path and says why)."""
+    step ops are chosen (compiled step ops get none): the int4 layers' int4 x int8 op
+    (``int4_activations`` int8) first, as the layer pieces call it; the int8 LM head's
+    one-row GEMV and the layer pieces between attention calls; and ``attn`` its paged
+    decode kernel. A package that does not load, or whose output differs from the eager
+    path's on the model's own weights, is not used (the engine runs the eager path and says
+    why)."""
+    w4a8 = attach_int4_w4a8(model, mode, int4_activations)
     head = attach_head(model, mode)
     one, few = attach_layers(model, mode)
     return replace(head, layers=one, few_rows_layers=few,
-                   decode_attention=attach_decode_attention(model, attn, mode))
+                   decode_attention=attach_decode_attention(model, attn, mode),
+                   int4_w4a8=w4a8)
+
+
+def _int4_layers(model: LlamaModel) -> list[Int4Linear]:
+    return [m for m in model.modules() if isinstance(m, Int4Linear)]
+
+
+def attach_int4_w4a8(model: LlamaModel, mode: str, activations: str) -> dict:
+    """The int4 layers' calls of few rows through the int4 x int8 op (``cpu_w4a8``): where
+    ``activations`` is int8, the step is eager on the CPU, and the library loads and agrees
+    with torch's int4 kernel on the first layer's own weights; its ``_status``, with the
+    count of layers that run it."""
+    layers = _int4_layers(model)
+    for layer in layers:
+        if layer.w4a8:
+            layer.detach_w4a8()
+    if not layers:
+        return _status("not used", "no int4 layers")
+    if activations == "model":
+        return _status("off", "--cpu-int4-activations model: torch's int4 kernel")
+    parts = cpu_w4a8.PARTS[activations]
+    if mode == "off":
+        return _status("off", "--cpu-aot-kernels off")
+    if model.device.type != "cpu":
+        return _status("not used", "the CPU's int4 layers only")
+    if model.compiled_pieces:
+        return _status("not used", "--compile: the compiled step keeps torch's int4 kernel")
+    serves = [m for m in layers if m.w4a8_serves()]
+    if not serves:
+        return _status("not used", "no int4 layer of whole tiles (16 outputs, groups of 32 "
+                       "inputs) in a layout it reads")
+    ok, status = _library("the int4 x int8 op", cpu_w4a8, mode,
+                          lambda directory: _checked_w4a8(directory, serves[0], parts))
+    if not ok:
+        return status
+    for layer in serves:
+        layer.attach_w4a8(parts)
+    return {**status, "layers": len(serves), "activations": activations}
+
+
+def _checked_w4a8(directory: Path, layer: Int4Linear, parts: int) -> bool:
+    """Loads the op, and checks it against torch's int4 kernel on ``layer``'s own weights,
+    four random rows (the gap: the activations' 8 bits)."""
+    if not cpu_w4a8.load(directory):
+        raise RuntimeError(f"no {cpu_w4a8.library_name()} in {directory}")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, layer.in_features, generator=gen).to(layer.dtype)
+    want = layer(x)
+    layer.attach_w4a8(parts)
+    try:
+        got = layer(x)
+    finally:
+        layer.detach_w4a8()
+    err = cpu_aot.relative_error(got, want)
+    if got.shape != want.shape or not err <= 5e-2:
+        raise RuntimeError(f"the int4 x int8 op disagrees with torch's int4 kernel "
+                           f"(relative error {err:.2g})")
+    return True
 
 
 def attach_decode_attention(model: LlamaModel, attn: Attention, mode: str) -> dict:
@@ -84,14 +150,9 @@ def attach_decode_attention(model: LlamaModel, attn: Attention, mode: str) -> di
                        "up to 8 query heads a KV head")
     if model.compiled_pieces:
         return _status("not used", "--compile: the compiled step keeps the torch path")
-    why = cpu_paged_decode.why_not_here()
-    if why is not None:
-        return _status("not used", why)
-    directory = kernels_dir()
-    kernel, status = _load_or_build(
-        "the paged decode attention", directory / cpu_paged_decode.library_name(), mode,
-        lambda: cpu_paged_decode.build(directory),
-        lambda: _checked_decode(cpu_paged_decode.load(directory), attn))
+    kernel, status = _library(
+        "the paged decode attention", cpu_paged_decode, mode,
+        lambda directory: _checked_decode(cpu_paged_decode.load(directory), attn))
     attn.cpu_decode = kernel
     return status
 
@@ -127,6 +188,19 @@ def _checked_decode(kernel: cpu_paged_decode.PagedDecode, attn: Attention
         raise RuntimeError(f"{kernel.path.name} disagrees with the torch path "
                            f"(relative error {err:.2g})")
     return kernel
+
+
+def _library(what: str, module: ModuleType, mode: str, load: Callable[[Path], T]
+             ) -> tuple[T | None, dict]:
+    """One of our C++ libraries (``module``: its ``why_not_here``, ``library_name`` and
+    ``build``) from the kernels directory: ``load(directory)`` (it checks too), built first
+    where ``mode`` says so; (what ``load`` gave or None, its ``_status``)."""
+    why = module.why_not_here()
+    if why is not None:
+        return None, _status("not used", why)
+    directory = kernels_dir()
+    return _load_or_build(what, directory / module.library_name(), mode,
+                          lambda: module.build(directory), lambda: load(directory))
 
 
 def _status(status: str, reason: str = "", path: Path | None = None,

@@ -26,12 +26,12 @@ from torch import nn
 from torch.export import Dim
 
 from backend import model as model_module
-from backend.layers import cpu_aot, cpu_dequant, fused_ops, gemv, linear, quantize
+from backend.layers import cpu_aot, cpu_dequant, cpu_w4a8, fused_ops, gemv, linear, quantize
 from backend.model import DecoderLayer, LlamaModel
 
 # the code the traced graph comes from: the layer methods, the matmuls' CPU paths and their
 # row thresholds, the ops
-SOURCES = (model_module, linear, cpu_dequant, fused_ops, gemv, quantize)
+SOURCES = (model_module, linear, cpu_dequant, cpu_w4a8, fused_ops, gemv, quantize)
 
 
 class _Between(nn.Module):
@@ -97,11 +97,14 @@ def _row_ranges(model: LlamaModel) -> list[tuple[int, int]]:
 
 def package_paths(model: LlamaModel, directory: Path) -> list[tuple[tuple[int, int], Path]]:
     """(rows (first, last), package) for each of this model's row ranges: named for its
-    layer shapes, formats and dtype, the rows, the layer code of this tree (hashed once for
+    layer shapes, formats, kernels and dtype, the rows, the layer code of this tree (hashed once for
     all the ranges), the torch build and the CPU."""
     h = hashlib.sha256()
-    for name, t in sorted(_tensors(_pairs(model)[0]).items()):
+    pair = _pairs(model)[0]
+    for name, t in sorted(_tensors(pair).items()):
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+    # the kernels the traced calls take (the int4 x int8 op and its activation parts)
+    h.update("|".join(m.kernel for m in pair.modules() if isinstance(m, linear.Linear)).encode())
     cfg = model.cfg
     h.update(f"{model.dtype}|{cfg.num_attention_heads}|{cfg.num_key_value_heads}|"
              f"{cfg.head_dim}|{cfg.rms_norm_eps}|{torch.__version__}|".encode())

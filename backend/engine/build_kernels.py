@@ -21,8 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m backend.engine.build_kernels",
         description="Compile the CPU kernels the backend would load for a model (the int8 LM "
-                    "head's one-row GEMV, the layer pieces for steps of few rows, the paged decode "
-                    "attention) into "
+                    "head's one-row GEMV, the int4 x int8 op, the layer pieces for steps of few "
+                    "rows, the paged decode attention) into "
                     f"{aot_kernels.kernels_dir()}.")
     parser.add_argument("--model", required=True, help="a preset name or a path, as the backend")
     parser.add_argument("--dtype", default="auto", choices=MODEL_DTYPES)
@@ -41,13 +41,14 @@ def main(argv: list[str] | None = None) -> int:
           + (f": {result.path}" if result.path else ""))
     few = result.few_rows_layers
     span = f"{few['rows'][0]}-{few['rows'][1]}-row" if "rows" in few else "few-row"
-    for name, layers in (("one-token layers", result.layers), (f"{span} layers", few),
+    for name, layers in (("int4 x int8 op", result.int4_w4a8),
+                         ("one-token layers", result.layers), (f"{span} layers", few),
                          ("paged decode attention", result.decode_attention)):
         print(f"{name}: {layers['status']}"
               + (f" ({layers['reason']})" if layers["reason"] else "")
               + (f": {layers['path']}" if layers["path"] else ""))
     statuses = (result.lm_head, result.layers["status"], few["status"],
-                result.decode_attention["status"])
+                result.decode_attention["status"], result.int4_w4a8["status"])
     return 1 if "failed" in statuses else 0
 
 

@@ -50,14 +50,15 @@ def perplexity_figures(source, text: str, kv_dtypes=KV_DTYPES,
 
 
 def compare_perplexity(engines: dict[str, LLMEngine], tokenizer, text: str,
-                       max_tokens: int | None = None) -> dict[str, dict]:
+                       max_tokens: int | None = None, chunk: int | None = None
+                       ) -> dict[str, dict]:
     """Per engine variant: perplexity of ``text``, and top-1 agreement / mean KL /
-    perplexity change against the first variant."""
+    perplexity change against the first variant (``chunk``: ``LLMEngine.score``'s)."""
     tokens = tokenizer.encode(text)[:max_tokens]
     target = torch.tensor(tokens[1:])
     logits, out = {}, {}
     for name, engine in engines.items():
-        logits[name] = engine.score(tokens)[:-1]  # [T-1, V]
+        logits[name] = engine.score(tokens, chunk)[:-1]  # [T-1, V]
         nll = F.cross_entropy(logits[name], target).item()
         out[name] = {"tokens": len(tokens), "perplexity": math.exp(nll)}
     first = next(iter(engines))

@@ -305,17 +305,26 @@ class LLMEngine:
                            cached_prompt_tokens_total=self.scheduler.cached_prompt_tokens_total)
 
     @torch.inference_mode()
-    def score(self, token_ids: list[int]) -> torch.Tensor:
+    def score(self, token_ids: list[int], chunk: int | None = None) -> torch.Tensor:
         """Logits at every position of token_ids, [T, vocab] float32, computed through the
-        paged cache (so a quantised KV dtype applies): perplexity and agreement checks."""
+        paged cache (so a quantised KV dtype applies): perplexity and agreement checks.
+        ``chunk``: fed ``chunk`` tokens a forward pass (each after the K/V of those before
+        it), so the layers run the kernels of steps that size (decode's, at 1-8) rather
+        than a prefill's."""
         seq = Sequence("score", list(token_ids), len(token_ids), SamplingParams())
         if self.block_manager.blocks_for(len(seq)) > self.block_manager.num_free:
             raise RuntimeError("not enough free KV blocks to score this text")
         self.block_manager.allocate(seq, use_prefix_cache=False)
+        step = chunk or len(seq)
+        parts = []
         try:
-            ids, pos, attn, meta, _ = self.runner.prepare(ScheduledBatch([], [(seq, len(seq))]))
-            rows = torch.arange(len(seq), device=self.runner.device)
-            return self.runner.model.forward(ids, pos, attn, meta, rows)
+            while seq.num_computed < len(seq):
+                n = min(step, len(seq) - seq.num_computed)
+                ids, pos, attn, meta, _ = self.runner.prepare(ScheduledBatch([], [(seq, n)]))
+                rows = torch.arange(n, device=self.runner.device)
+                parts.append(self.runner.model.forward(ids, pos, attn, meta, rows))
+                seq.num_computed += n
+            return torch.cat(parts)
         finally:
             self.block_manager.free_seq(seq)
 

@@ -114,7 +114,8 @@ class ModelRunner:
             self.model, resolve_step_ops(config.compile, config.fused_ops, self.device),
             self.attn, self.kv_cache.scratch_slot, self.block_size)
         self.aot_kernels: AotKernels = attach_aot_kernels(self.model, self.attn,
-                                                               config.cpu_aot_kernels)
+                                                               config.cpu_aot_kernels,
+                                                               config.cpu_int4_activations)
         if self.attn.cpu_decode is not None:  # decode rows run our kernel, prefill SDPA
             self.attention_kernel = f"{self.attention_kernel}+{cpu_paged_decode.KERNEL_NAME}"
         # [max_num_seqs] long: the latest step's sampled ids, where the next step's inputs

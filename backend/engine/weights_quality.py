@@ -7,8 +7,12 @@
         [--text README.md --text docs/ARCHITECTURE.md] [--json PATH]
 
 A variant is a ``--weights-dtype`` value, ``int4:G`` for a group size, optionally
-``+head`` (the LM head quantised the same way; ``+head=int8``: as int8) and ``/none`` (``--weights-scaling none``:
-plain rounding instead of activation-aware scales); the first one is the reference. Group
+``+head`` (the LM head quantised the same way; ``+head=int8``: as int8), ``/none``
+(``--weights-scaling none``: plain rounding instead of activation-aware scales) and
+``@model`` / ``@int8`` / ``@int8x2`` (``--cpu-int4-activations``; default int8x2); the first one is the
+reference. A prefill of many rows multiplies by the layers' dense copies; ``--score-chunk
+8`` feeds the texts 8 tokens a pass, so the scores go through the kernels of decode steps
+(the int4 x int8 op among them) instead. Group
 sizes that do not divide a layer's input width are reported as skipped. With ``--text``,
 each file is scored too (at most ``--max-tokens`` tokens each) and ``pooled`` gives the
 top-1 agreement and mean KL over every scored position of every text.
@@ -28,7 +32,9 @@ DEFAULT_VARIANTS = "bf16,int8,int8/none,int4:32,int4:64,int4:64/none,int4:128,au
 
 def variant_config(variant: str, dtype: str, device: str = "cpu") -> EngineConfig:
     """'int4:64+head/none' -> EngineConfig(weights_dtype='int4', int4_group_size=64,
-    lm_head_dtype='int4', weights_scaling='none'); 'auto+head=int8': an int8 head."""
+    lm_head_dtype='int4', weights_scaling='none'); 'auto+head=int8': an int8 head;
+    'auto@model': cpu_int4_activations='model'."""
+    variant, _, activations = variant.partition("@")
     variant, _, scaling = variant.partition("/")
     name, _, head = variant.partition("+")
     weights, _, group = name.partition(":")
@@ -36,6 +42,7 @@ def variant_config(variant: str, dtype: str, device: str = "cpu") -> EngineConfi
     return EngineConfig(device=device, dtype=dtype, weights_dtype=weights,
                         int4_group_size=int(group or 32), lm_head_dtype=lm_head,
                         weights_scaling=scaling or "activation",
+                        cpu_int4_activations=activations or "int8x2",
                         kv_cache_memory_gib=0.25, max_model_len=2048)
 
 
@@ -62,6 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--text", type=Path, action="append", default=[],
                     help="another text to score (repeatable); pooled figures cover all")
     ap.add_argument("--greedy-tokens", type=int, default=64)
+    ap.add_argument("--score-chunk", type=int, default=None, metavar="N",
+                    help="score N tokens a forward pass (1-8: the kernels of decode steps)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args(argv)
     from backend.weights.loader import load_model_source
@@ -73,11 +82,14 @@ def main(argv: list[str] | None = None) -> None:
     formats = {v: s.weights_format + " / head " + s.lm_head_format for v, s in stats.items()}
     scaling = {v: s.weights_scaling for v, s in stats.items()}
     per_text = {str(t): compare_perplexity(engines, source.tokenizer, t.read_text(),
-                                           args.max_tokens)
+                                           args.max_tokens, args.score_chunk)
                 for t in [EVAL_TEXT, *args.text]}
     result = {"model": source.name, "text": EVAL_TEXT.name, "dtype": args.dtype,
               "reference": next(iter(engines)), "formats": formats, "scaling": scaling,
-              "skipped": skipped, "perplexity": per_text.pop(str(EVAL_TEXT)),
+              "skipped": skipped, "score_chunk": args.score_chunk,
+              "int4_w4a8": {v: s.cpu_aot_kernels.get("int4_w4a8", {}).get("status")
+                            for v, s in stats.items()},
+              "perplexity": per_text.pop(str(EVAL_TEXT)),
               "greedy": compare_greedy(engines, source.tokenizer,
                                        max_tokens=args.greedy_tokens)}
     if args.text:

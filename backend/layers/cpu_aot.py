@@ -17,6 +17,8 @@ import hashlib
 import os
 import platform
 import re
+import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -149,6 +151,43 @@ def build_once(path: Path, write: Callable[[Path], None]) -> float:
         finally:
             partial.unlink(missing_ok=True)
     return time.perf_counter() - t0
+
+
+def compiler() -> str:
+    """The C++ compiler our own CPU libraries are built with: $CXX, else c++."""
+    return os.environ.get("CXX", "c++")
+
+
+def no_compiler() -> str | None:
+    """Why our C++ libraries cannot be built here (no compiler), or None."""
+    if shutil.which(compiler()) is None:
+        return "no C++ compiler (c++ or $CXX) to build it"
+    return None
+
+
+def library_name(prefix: str, source: Path, flags: tuple[str, ...], extra: str = "") -> str:
+    """A library's file name: ``prefix``, a digest of its source, flags and ``extra`` (what
+    else it was built against), and the CPU (``cpu_tag``)."""
+    h = hashlib.sha256(source.read_bytes())
+    h.update(" ".join(flags).encode())
+    h.update(extra.encode())
+    return f"{prefix}-{h.hexdigest()[:16]}-{cpu_tag()}.so"
+
+
+def build_library(path: Path, source: Path, args: list[str], why_not: str | None) -> float:
+    """Compiles ``source`` with ``args`` into the shared library ``path`` (``build_once``:
+    a no-op when another process built it meanwhile); the seconds spent. Raises
+    ``why_not`` (the library's reason it cannot be built here) where there is one."""
+    if why_not is not None:
+        raise RuntimeError(why_not)
+
+    def write(partial: Path) -> None:
+        done = subprocess.run([compiler(), str(source), "-o", str(partial), *args],
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode:
+            raise RuntimeError(f"compiling {source.name} failed: {done.stderr[-2000:]}")
+
+    return build_once(path, write)
 
 
 def build(directory: Path, n: int, k: int, dtype: torch.dtype) -> tuple[Path, float]:

@@ -20,10 +20,6 @@ kernels (``backend.engine.aot_kernels``), loaded at start.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import torch
@@ -42,42 +38,25 @@ CACHE_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the cache'
 MIN_SPAN = 64
 
 
-def compiler() -> str:
-    return os.environ.get("CXX", "c++")
-
-
 def why_not_here() -> str | None:
     """Why this machine cannot build the kernel, or None."""
     if "avx512f" not in cpu_aot.cpu_info().get("flags", "").split():
         return "the CPU has no AVX-512F (the torch path serves decode attention)"
     if not SOURCE.is_file():
         return f"its source {SOURCE.name} is not installed beside this module"
-    if shutil.which(compiler()) is None:
-        return "no C++ compiler (c++ or $CXX) to build it"
-    return None
+    return cpu_aot.no_compiler()
 
 
 def library_name() -> str:
     """The file name: a digest of the source and flags, and the CPU (``cpu_aot.cpu_tag``)."""
-    h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(" ".join(FLAGS).encode())
-    return f"paged-decode-{h.hexdigest()[:16]}-{cpu_aot.cpu_tag()}.so"
+    return cpu_aot.library_name("paged-decode", SOURCE, FLAGS)
 
 
 def build(directory: Path) -> float:
     """Compiles the library into ``directory`` (a no-op when another process built it
     meanwhile); the seconds spent. Raises where it cannot (see ``why_not_here``)."""
-    why = why_not_here()
-    if why is not None:
-        raise RuntimeError(why)
-
-    def write(partial: Path) -> None:
-        done = subprocess.run([compiler(), *FLAGS, str(SOURCE), "-o", str(partial)],
-                              capture_output=True, text=True, timeout=300)
-        if done.returncode:
-            raise RuntimeError(f"compiling {SOURCE.name} failed: {done.stderr[-2000:]}")
-
-    return cpu_aot.build_once(Path(directory) / library_name(), write)
+    return cpu_aot.build_library(Path(directory) / library_name(), SOURCE, list(FLAGS),
+                                 why_not_here())
 
 
 class PagedDecode:

@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.layers import (cpu_aot, cpu_dequant, cpu_fp16, fp8_matmul, gemv, gpu_dequant,
-                            quant_kernels, skinny_gemm)
+from backend.layers import (cpu_aot, cpu_dequant, cpu_fp16, cpu_w4a8, fp8_matmul, gemv,
+                            gpu_dequant, quant_kernels, skinny_gemm)
 from backend.layers.fused_ops import StepOps
 from backend.layers.gemv import SILU_MUL, Prologue
 from backend.layers.quantize import (GroupQuantized, check_group, dequantize_fp8, dequantize_int8,
@@ -682,6 +682,12 @@ class Int4Linear(_QuantizedLinear):
             value = quantize_int4(dense.to(self.device), self.group_size)
         return {"codes": value.codes, "scale": value.scale, "min": value.min}
 
+    # On the CPU, calls of few rows through the int4 x int8 op (``cpu_w4a8``), where the
+    # engine attached it (``attach_w4a8``): its codes and scales, packed beside torch's,
+    # with the activations in ``w4a8_parts`` int8 parts per block
+    w4a8 = False
+    w4a8_parts = 1
+
     def _pack(self, stage: dict[str, torch.Tensor]) -> None:
         codes, scale, lo = stage["codes"], stage["scale"], stage["min"]
         if self.device.type == "cpu":
@@ -694,6 +700,8 @@ class Int4Linear(_QuantizedLinear):
             # Many-token calls dequantise from the packed bytes, if we read their layout.
             self.dense_from_packed = cpu_dequant.int4_layout_ok(self.packed, codes)
             self.kernel = "torch._weight_int4pack_mm_for_cpu"
+            if self.w4a8:  # a reload: the op's copy follows the new codes
+                self._pack_w4a8(codes, scale, lo)
         else:
             self.register_buffer("packed", quant_kernels.pack_int4(codes))  # [N, K / 2] uint8
             self.register_buffer("scale_min", quant_kernels.pack_scale_min(  # [N, K / 2G, 4]
@@ -702,6 +710,44 @@ class Int4Linear(_QuantizedLinear):
             self.triton = quant_kernels.AVAILABLE and quant_kernels.int4_supported(
                 self.in_features, self.group_size)
             self.kernel = "triton-int4" if self.triton else "dequant+F.linear"
+
+    def _pack_w4a8(self, codes: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> None:
+        tiles, scale_min = cpu_w4a8.pack(codes, scale, lo, self.group_size)
+        self.register_buffer("w4a8_codes", tiles)  # [N/16, K/8, 64] uint8
+        # fp16 bits held as int16, so that ``.to(dtype)`` leaves them as they are
+        self.register_buffer("w4a8_scale_min", scale_min.view(torch.int16))
+        self.w4a8 = True
+        self.kernel = f"{cpu_w4a8.KERNEL_NAME}x{self.w4a8_parts}"
+
+    def w4a8_serves(self) -> bool:
+        """Whether this layer can run few-row calls through the int4 x int8 op."""
+        return (self._packed_on_cpu() and self.dense_from_packed
+                and cpu_w4a8.serves(self.out_features, self.in_features, self.group_size))
+
+    def attach_w4a8(self, parts: int = 1) -> None:
+        """Packs this layer's codes for the int4 x int8 op (loaded: ``cpu_w4a8.load``) and
+        runs its calls of fewer rows than the dense switch through it, the activations in
+        ``parts`` int8 parts per block."""
+        if not self.w4a8_serves():
+            raise ValueError("the int4 x int8 op does not serve this layer")
+        self.w4a8_parts = parts
+        N, K = self.out_features, self.in_features
+        codes = cpu_dequant.int4_unpack(self.packed, N, K)
+        sz = self.scale_zero.float().transpose(0, 1)  # [N, K/G, 2]
+        self._pack_w4a8(codes, sz[..., 0], sz[..., 1] - 8 * sz[..., 0])
+        Linear.generation += 1
+
+    def detach_w4a8(self) -> None:
+        """Back to torch's int4 kernel for every call."""
+        for name in ("w4a8_codes", "w4a8_scale_min"):
+            self._buffers.pop(name, None)
+        self.w4a8 = False
+        self.kernel = "torch._weight_int4pack_mm_for_cpu"
+        Linear.generation += 1
+
+    def _w4a8_mm(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_w4a8.matmul(x, self.w4a8_codes, self.w4a8_scale_min.view(torch.float16),
+                               self.w4a8_parts)
 
     def _dense_copy_possible(self) -> bool:
         return super()._dense_copy_possible() and (self.device.type == "cuda"
@@ -732,6 +778,11 @@ class Int4Linear(_QuantizedLinear):
     def few_rows_fn(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], str | None]:
         if not self._packed_on_cpu():
             return super().few_rows_fn()
+        if self.w4a8:
+            codes, scale_min = self.w4a8_codes, self.w4a8_scale_min.view(torch.float16)
+            parts = self.w4a8_parts
+            return self._with_bias(lambda x: cpu_w4a8.matmul(x, codes, scale_min, parts),
+                                   "int4")
         packed, scale_zero, G = self.packed, self.scale_zero, self.group_size
         return self._with_bias(
             lambda x: torch._weight_int4pack_mm_for_cpu(x, packed, G, scale_zero), "int4")
@@ -741,6 +792,8 @@ class Int4Linear(_QuantizedLinear):
         if self.device.type == "cpu":
             if self._through_copy(x, "int4"):
                 y = self.copy_matmul(x)
+            elif self.w4a8 and x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int4"]:
+                y = self._w4a8_mm(x)
             elif x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int4"] or not self.dense_from_packed:
                 y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)
             else:

@@ -39,6 +39,9 @@ def test_tiny_logits_and_greedy_match_transformers(kind: str, attention: str) ->
     got = engine.score(prompt)
     assert got.shape == ref.shape
     assert (got - ref).abs().max().item() < FP32_ATOL
+    # fed a few tokens a pass (each chunk after the K/V of those before it): the same logits
+    for chunk in (1, 8, 13):
+        assert (engine.score(prompt, chunk) - ref).abs().max().item() < FP32_ATOL, chunk
     assert engine.generate([prompt], GREEDY)[0] == hf_greedy(hf, prompt, 32)
     assert engine.block_manager.num_used == 0
 

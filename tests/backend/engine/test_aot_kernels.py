@@ -1,5 +1,5 @@
 """The engine and its CPU code compiled ahead of time (the int8 LM head's one-row GEMV, the
-layer pieces for one-row steps and for steps of 2-8 rows): built by
+int4 x int8 op, the layer pieces for one-row steps and for steps of 2-8 rows): built by
 ``python -m backend.engine.build_kernels`` into the weights cache, loaded by later engines
 (``--cpu-aot-kernels auto``) with the eager path's greedy tokens, and refused, with the
 reason in the stats, where they are missing, off, unreadable or wrong."""
@@ -16,7 +16,7 @@ from backend.engine import aot_kernels, aot_layers
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
-from backend.layers import cpu_aot, cpu_paged_decode
+from backend.layers import cpu_aot, cpu_paged_decode, cpu_w4a8
 from backend.layers.linear import ONE_ROW_AOT_KERNEL, Linear, frozen
 from backend.weights.loader import load_model_source
 from tests.backend.layers.test_cpu_aot import Counting
@@ -63,6 +63,8 @@ def cache(tmp_path_factory):
         proc = build_command(root)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.startswith("LM head: built: "), proc.stdout
+        op = "built: " if cpu_w4a8.why_not_here() is None else "not used ("
+        assert f"\nint4 x int8 op: {op}" in proc.stdout, proc.stdout
         assert "\none-token layers: built: " in proc.stdout, proc.stdout
         assert "\n2-8-row layers: built: " in proc.stdout, proc.stdout
         decode = "built: " if cpu_paged_decode.why_not_here() is None else "not used ("
@@ -90,7 +92,8 @@ def test_built_once_then_loaded_with_torchs_greedy_tokens(cache, monkeypatch):
                                           "path": str(pieces), "build_seconds": None},
         "few_rows_layers": {"status": "loaded", "reason": "", "path": str(few),
                             "build_seconds": None, "rows": [2, 8]},
-        "decode_attention": s.cpu_aot_kernels["decode_attention"]}
+        "decode_attention": s.cpu_aot_kernels["decode_attention"],
+        "int4_w4a8": s.cpu_aot_kernels["int4_w4a8"]}
     assert s.lm_head_kernel == ONE_ROW_AOT_KERNEL
     kernel, head.one_row = head.one_row, None
     tokens = greedy(eng)  # torch's kernel, same weights
@@ -193,6 +196,8 @@ def test_a_package_that_does_not_load_or_disagrees_is_not_used(cache, tmp_path, 
     (tmp_path / "kernels").mkdir()
     for built in (root / "kernels").glob("*.pt2"):  # the head's and the two layers'
         (tmp_path / "kernels" / built.name).write_bytes(b"not a package")
+    for built in (root / "kernels").glob("int4-w4a8-*.so"):  # the op the layers call
+        (tmp_path / "kernels" / built.name).write_bytes(built.read_bytes())
     monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path))
     broken = engine("auto")
     s = broken.stats()
@@ -279,3 +284,39 @@ def test_an_engine_keeping_dense_copies_builds_the_pieces_at_start(tmp_path, mon
     assert s.cpu_aot_kernels["few_rows_layers"]["status"] == "built"
     assert all(layer.qkv.prefill_weight is not None for layer in eng.runner.model.layers)
     assert all(len(t) == 12 for t in greedy(eng))
+
+
+def test_int4_layers_run_the_int4_x_int8_op(cache, monkeypatch):
+    """Built beside the packages and loaded first (the pieces call it): every int4 layer of
+    whole tiles runs its few-row calls through it, with two int8 parts by default, giving
+    torch's kernel's greedy tokens; one part, ``model`` and ``--cpu-aot-kernels off`` as
+    asked."""
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(cache))
+    eng = engine("auto")
+    status = eng.stats().cpu_aot_kernels["int4_w4a8"]
+    layers = [m for layer in eng.runner.model.layers
+              for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    if cpu_w4a8.why_not_here() is not None:
+        assert status["status"] == "not used" and not any(m.w4a8 for m in layers)
+        return
+    assert status == {"status": "loaded", "reason": "", "build_seconds": None,
+                      "path": str(cache / "kernels" / cpu_w4a8.library_name()),
+                      "layers": len(layers), "activations": "int8x2"}
+    assert all(m.w4a8 and m.kernel == "cpu-int4-w4a8x2" for m in layers)
+    assert eng.runner.model.few_rows_layers is not None  # the pieces call it
+    params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0)
+    with_op = eng.generate(PROMPTS, params)
+    plain = LLMEngine(EngineConfig(cpu_aot_kernels="auto", kv_cache_memory_gib=0.01,
+                                   max_model_len=128, cpu_int4_activations="model", **FLAGS),
+                      load_model_source(MODEL))
+    assert plain.stats().cpu_aot_kernels["int4_w4a8"]["status"] == "off"
+    assert not any(layer.qkv.w4a8 for layer in plain.runner.model.layers)
+    assert plain.generate(PROMPTS, params) == with_op
+    one = LLMEngine(EngineConfig(cpu_aot_kernels="auto", kv_cache_memory_gib=0.01,
+                                 max_model_len=128, cpu_int4_activations="int8", **FLAGS),
+                    load_model_source(MODEL))
+    assert one.stats().cpu_aot_kernels["int4_w4a8"]["activations"] == "int8"
+    assert all(layer.down.kernel == "cpu-int4-w4a8x1" for layer in one.runner.model.layers)
+    assert all(len(t) == 12 for t in one.generate(PROMPTS, params))
+    off = engine("off").stats().cpu_aot_kernels["int4_w4a8"]
+    assert (off["status"], off["reason"]) == ("off", "--cpu-aot-kernels off")

@@ -231,7 +231,9 @@ def test_engine_reports_its_choice_and_scores_the_same():
     assert (auto["mode"], auto["enabled"], auto["bytes"], auto["max_bytes"]) == (
         "auto", True, need, int(PREFILL_DENSE_MAX_GIB * 2**30))
     assert stats["auto"].prefill_kernel == _copy_kernel(torch.bfloat16)
-    assert stats["auto"].linear_kernel == "torch._weight_int4pack_mm_for_cpu"  # decode
+    op = stats["auto"].cpu_aot_kernels["int4_w4a8"]["status"] in ("loaded", "built")
+    assert stats["auto"].linear_kernel == (  # decode: the packed kernel or the int4 x int8 op
+        "cpu-int4-w4a8x2" if op else "torch._weight_int4pack_mm_for_cpu")
     for name in ("off", "small"):
         chosen = stats[name].prefill_dense_weights
         assert (chosen["enabled"], chosen["bytes"], chosen["needed_bytes"]) == (

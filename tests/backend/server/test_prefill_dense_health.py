@@ -38,8 +38,10 @@ def test_health_reports_the_dense_prefill_copies():
     on, off = seen["on"], seen["off"]
     assert on["prefill_kernel"] == copy_kernel(on["dtype"])
     assert off["prefill_kernel"] == "cpu-dequant+F.linear"
-    for h in (on, off):  # decode keeps the packed kernel either way
-        assert h["linear_kernel"] == h["one_token_kernel"] == "torch._weight_int4pack_mm_for_cpu"
+    for h in (on, off):  # decode keeps the packed kernel (or the int4 x int8 op) either way
+        op = h["cpu_aot_kernels"]["int4_w4a8"]["status"] in ("loaded", "built")
+        decode = "cpu-int4-w4a8x2" if op else "torch._weight_int4pack_mm_for_cpu"
+        assert h["linear_kernel"] == h["one_token_kernel"] == decode
     d_on, d_off = on["prefill_dense_weights"], off["prefill_dense_weights"]
     assert (d_on["mode"], d_on["enabled"], d_on["layers"], d_on["max_bytes"]) == (
         "on", True, 9, None)  # 2 blocks x (qkv, o, gate_up, down) + the int8 head

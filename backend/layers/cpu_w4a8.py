@@ -1,0 +1,155 @@
+"""int4 weight codes times int8 activations on the CPU (``csrc/int4_w4a8_cpu.cpp``): the op
+``torch.ops.firsttoken.int4_w4a8_mm`` for matmuls of a few rows, on CPUs with AVX-512 VNNI.
+
+torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) widens each code to float and does a
+float FMA per weight; with more than one row its cost grows with the rows. This op
+quantises the rows to int8 per block of 32 inputs (a scale and the block's exact sum, as
+llama.cpp does for its Q4 dot products) and multiplies them with the codes by integer dot
+products, 128 codes per 64-byte load and two instructions. On a 2-core EPYC VM, SmolLM2's
+120 matmuls of a step: 1 row 3.48 against 3.84 ms, 8 rows 6.48 against 11.09 (docs/
+BENCHMARKS.md). The price is the activations' rounding to 8 bits (stated there).
+
+It is a torch custom op in C++ (torch headers, ~30 s to compile), so the compiled layer
+pieces (``backend.engine.aot_layers``) call it inside their packages as eager code does:
+built once per machine with the other CPU kernels (``backend.engine.aot_kernels``), loaded
+with ``torch.ops.load_library`` before any package that calls it.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from backend.layers import cpu_aot
+
+SOURCE = Path(__file__).with_name("csrc") / "int4_w4a8_cpu.cpp"
+FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-fopenmp",
+         "-shared", "-fPIC", "-std=c++17")
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+BLOCK = 32  # inputs per activation scale; the weights' groups must be whole blocks
+TILE = 16   # output rows per tile
+KERNEL_NAME = "cpu-int4-w4a8"
+# --cpu-int4-activations -> int8 parts per block: int8 = x rounded to 8 bits of its block's
+# largest value; int8x2 = the remainder rounded again (x = d q + d2 q2, ~15 bits), twice the
+# dot products for nearly the model dtype's figures (docs/BENCHMARKS.md)
+PARTS = {"int8": 1, "int8x2": 2}
+
+_loaded: Path | None = None
+_op = None  # the registered op's overload, once loaded
+
+
+def why_not_here() -> str | None:
+    """Why this machine cannot build the op, or None."""
+    flags = cpu_aot.cpu_info().get("flags", "").split()
+    missing = [f for f in CPU_FLAGS if f not in flags]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)} (torch's int4 kernel serves)"
+    if not SOURCE.is_file():
+        return f"its source {SOURCE.name} is not installed beside this module"
+    return cpu_aot.no_compiler()
+
+
+def serves(out_features: int, in_features: int, group_size: int) -> bool:
+    """Whether a layer of these shapes and int4 groups can be packed for the op."""
+    return (out_features % TILE == 0 and in_features % BLOCK == 0
+            and group_size % BLOCK == 0 and in_features % group_size == 0)
+
+
+def _compile_args() -> list[str]:
+    from torch.utils import cpp_extension
+    lib = Path(torch.__file__).parent / "lib"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [*FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            *(f"-I{p}" for p in cpp_extension.include_paths()),
+            f"-I{Path(sys.base_prefix) / 'include'}",
+            f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
+
+
+def library_name() -> str:
+    """A digest of the source, the flags and the torch build (its headers and ABI), and the
+    CPU (``cpu_aot.cpu_tag``)."""
+    return cpu_aot.library_name("int4-w4a8", SOURCE, FLAGS,
+                                f"{torch.__version__} {torch._C._GLIBCXX_USE_CXX11_ABI}")
+
+
+def build(directory: Path) -> float:
+    """Compiles the op's library into ``directory`` (a no-op when another process built it
+    meanwhile); the seconds spent. Raises where it cannot (see ``why_not_here``)."""
+    return cpu_aot.build_library(Path(directory) / library_name(), SOURCE, _compile_args(),
+                                 why_not_here())
+
+
+def load(directory: Path) -> bool:
+    """Registers the op from the library built in ``directory``; False when there is none.
+    One library per process: a second call with the same build is a no-op."""
+    global _loaded
+    path = Path(directory) / library_name()
+    if _loaded is not None:
+        return _loaded.name == path.name or _mismatch(path)
+    if not path.is_file():
+        return False
+    global _op
+    torch.ops.load_library(str(path))
+    torch.library.register_fake("firsttoken::int4_w4a8_mm")(_fake)  # for export / AOTI
+    _op = torch.ops.firsttoken.int4_w4a8_mm.default  # resolved once: ~us less a call
+    _loaded = path
+    return True
+
+
+def _fake(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor,
+          parts: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], codes.shape[0] * TILE)
+
+
+def _mismatch(path: Path) -> bool:
+    raise RuntimeError(f"the int4 x int8 op is already loaded from {_loaded}; {path.name} is "
+                       "another build of it")
+
+
+def loaded() -> bool:
+    return _loaded is not None
+
+
+def matmul(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor,
+           parts: int = 1) -> torch.Tensor:
+    """x [M, K] (bf16 / float32 / fp16) @ W.T -> [M, N] in x's dtype (``pack``'s layout);
+    x rounded to ``parts`` int8 parts per block (``PARTS``)."""
+    return _op(x.contiguous(), codes, scale_min, parts)
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
+         group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """W[n, k] = codes[n, k] * scale[n, k // G] + lo[n, k // G] (codes 0..15 as uint8 [N, K],
+    scale / lo [N, K / G]) -> (tiles [N/16, K/8, 64] uint8, scale_min [N/16, K/32, 2, 16]
+    fp16), the layout the op reads (see its source)."""
+    N, K = codes.shape
+    if not serves(N, K, group_size):
+        raise ValueError(f"int4 x int8 packing needs N % {TILE}, K % {BLOCK} and the group "
+                         f"size % {BLOCK} to be 0 (got {N} x {K}, groups of {group_size})")
+    nt, kb = N // TILE, K // BLOCK
+    c = codes.to(torch.uint8).view(nt, TILE, kb, 4, 2, 4)  # k = 32b + 8o + 4h + j
+    byte = c[..., 0, :] | (c[..., 1, :] << 4)              # [nt, 16, kb, 4, 4]
+    tiles = byte.permute(0, 2, 3, 1, 4).contiguous().view(nt, kb * 4, 64)
+    per_block = group_size // BLOCK
+
+    def blocks(v: torch.Tensor) -> torch.Tensor:  # [N, K/G] -> [nt, kb, 16]
+        return (v.float().repeat_interleave(per_block, dim=1).view(nt, TILE, kb)
+                .transpose(1, 2))
+
+    scale_min = torch.stack([blocks(scale), blocks(lo)], dim=2).to(torch.float16).contiguous()
+    return tiles, scale_min
+
+
+def dequantize(tiles: torch.Tensor, scale_min: torch.Tensor) -> torch.Tensor:
+    """``pack``'s inverse, in float32 [N, K] (the fp16 scales as stored): the tests' and the
+    quality tools' reference."""
+    nt, k8, _ = tiles.shape
+    kb = k8 // 4
+    b = tiles.view(nt, kb, 4, TILE, 4)
+    c = torch.stack([b & 0x0F, b >> 4], dim=3)              # [nt, kb, 4, 2, 16, 4]
+    c = c.permute(0, 4, 1, 2, 3, 5).reshape(nt * TILE, kb * BLOCK).float()
+    sm = scale_min.float().permute(0, 3, 1, 2).reshape(nt * TILE, kb, 2)
+    scale = sm[..., 0].repeat_interleave(BLOCK, dim=1)
+    lo = sm[..., 1].repeat_interleave(BLOCK, dim=1)
+    return c * scale + lo

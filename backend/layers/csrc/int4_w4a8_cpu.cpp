@@ -1,0 +1,191 @@
+// int4 weight codes times int8 activations on AVX-512 VNNI, for matmuls of a few rows (the
+// CPU's decode steps): the op firsttoken::int4_w4a8_mm.
+//
+// Each call quantises its rows to int8 per block of 32 inputs (a scale d = amax / 127 and
+// the block's exact float sum s), then for each tile of 16 output rows and each block adds
+//   scale[n] * d * sum(code * q) + min[n] * s
+// where sum(code * q) is an integer dot product (vpdpbusd: 4 unsigned codes by 4 signed
+// activations per lane and instruction). torch's int4 kernel widens every code to float
+// and does a float FMA per weight; here a 64-byte load feeds 128 codes to two instructions.
+//
+// Weight layout (packed once at load by backend.layers.cpu_w4a8.pack):
+//   codes      [N/16, K/8, 64] uint8: tile t, block b, octet o (bytes (4b+o)*64 ...) holds
+//              for output row 16t+r the bytes r*4+j: low nibble code[16t+r][32b+8o+j], high
+//              nibble code[16t+r][32b+8o+4+j]  (j = 0..3)
+//   scale_min  [N/16, K/32, 2, 16] fp16: the scale, then the min, of the 16 rows' block b
+// Built with -mavx512f -mavx512bw -mavx512vnni: the loader builds and uses it only on CPUs
+// that have all three.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+#include <immintrin.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int kBlock = 32;  // inputs per activation scale
+constexpr int kTile = 16;   // output rows per tile (one vector of int32 lanes)
+
+inline __m512 load16(const at::BFloat16* p) {  // exact: bf16 is fp32's top half
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline __m512 load16(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+inline void store16(at::BFloat16* p, __m512 x) {  // round to nearest even; NaN stays NaN
+  __m512i u = _mm512_castps_si512(x);
+  __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                  _mm512_set1_epi32(0x7FFF));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+inline void store16(at::Half* p, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+}
+inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+
+// One row of x, block by block: int8 codes q with d = amax / 127, and the float sum (the
+// min term's exact factor). With PARTS = 2 the remainder x - d q is quantised the same way
+// into q2 (d2 = its amax / 127, at most d / 254): x = d q + d2 q2 to about 2^-15 of the
+// block's largest value, where one part keeps 2^-8. A block of zeros gets d = 0, codes 0.
+template <int PARTS, typename T>
+void quantise_row(const T* x, int64_t K, int8_t* q, float* d, float* s) {
+  const int64_t KB = K / kBlock;
+  for (int64_t b = 0; b < KB; ++b) {
+    __m512 v[2] = {load16(x + b * kBlock), load16(x + b * kBlock + 16)};
+    s[b] = _mm512_reduce_add_ps(_mm512_add_ps(v[0], v[1]));
+    for (int part = 0; part < PARTS; ++part) {
+      float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+      float db = amax / 127.f;
+      d[part * KB + b] = db;
+      __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      int8_t* qb = q + part * K + b * kBlock;
+      for (int h = 0; h < 2; ++h) {
+        // cvtps rounds to nearest even (the default MXCSR); |v| * inv <= 127: no saturation
+        __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + h * 16), _mm512_cvtsepi32_epi8(c));
+        v[h] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(db), v[h]);  // remainder
+      }
+    }
+  }
+}
+
+// MR rows of x against one tile of 16 output rows; out + r * ldo receives row r's 16
+// outputs. Row r's PARTS code rows start at q + (r * PARTS + part) * K, their scales at
+// d + (r * PARTS + part) * KB, its sums at s + r * KB.
+template <int MR, int PARTS, typename T>
+void tile(const uint8_t* codes, const at::Half* sm, int64_t KB, const int8_t* q, const float* d,
+          const float* s, int64_t K, T* out, int64_t ldo) {
+  __m512 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < KB; ++b) {
+    __m512i dot[MR][PARTS];
+    for (int r = 0; r < MR; ++r)
+      for (int p = 0; p < PARTS; ++p) dot[r][p] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int o = 0; o < 4; ++o) {
+      __m512i v = _mm512_loadu_si512(codes + (b * 4 + o) * 64);
+      __m512i lo = _mm512_and_si512(v, nibble);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+      for (int r = 0; r < MR; ++r)
+        for (int p = 0; p < PARTS; ++p) {
+          const int8_t* xr = q + (r * PARTS + p) * K + b * kBlock + o * 8;
+          int32_t x0, x1;
+          __builtin_memcpy(&x0, xr, 4);
+          __builtin_memcpy(&x1, xr + 4, 4);
+          dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], lo, _mm512_set1_epi32(x0));
+          dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], hi, _mm512_set1_epi32(x1));
+        }
+    }
+    __m512 scale = load16(sm + b * 32), mn = load16(sm + b * 32 + 16);
+    for (int r = 0; r < MR; ++r) {
+      for (int p = 0; p < PARTS; ++p)
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][p]),
+                                 _mm512_mul_ps(scale, _mm512_set1_ps(d[(r * PARTS + p) * KB + b])),
+                                 acc[r]);
+      acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(s[r * KB + b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) store16(out + r * ldo, acc[r]);
+}
+
+template <int PARTS, typename T>
+void run(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min,
+         at::Tensor& out) {
+  const int64_t M = x.size(0), K = x.size(1), NT = codes.size(0), N = NT * kTile;
+  const int64_t KB = K / kBlock;
+  std::vector<int8_t> q(M * PARTS * K);
+  std::vector<float> d(M * PARTS * KB), s(M * KB);
+  const T* xp = x.data_ptr<T>();
+  for (int64_t m = 0; m < M; ++m)
+    quantise_row<PARTS>(xp + m * K, K, q.data() + m * PARTS * K, d.data() + m * PARTS * KB,
+                        s.data() + m * KB);
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const at::Half* sp = scale_min.data_ptr<at::Half>();
+  T* op = out.data_ptr<T>();
+  // a few tiles a task: each tile's codes are read once however many rows x has
+  at::parallel_for(0, NT, 4, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* ct = cp + t * KB * 4 * 64;
+      const at::Half* st = sp + t * KB * 32;
+      int64_t r = 0;
+      for (; r + 4 <= M; r += 4)
+        tile<4, PARTS>(ct, st, KB, q.data() + r * PARTS * K, d.data() + r * PARTS * KB,
+                       s.data() + r * KB, K, op + r * N + t * kTile, N);
+      for (; r < M; ++r)
+        tile<1, PARTS>(ct, st, KB, q.data() + r * PARTS * K, d.data() + r * PARTS * KB,
+                       s.data() + r * KB, K, op + r * N + t * kTile, N);
+    }
+  });
+}
+
+template <int PARTS>
+void run_parts(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min,
+               at::Tensor& out) {
+  switch (x.scalar_type()) {
+    case at::kBFloat16: run<PARTS, at::BFloat16>(x, codes, scale_min, out); break;
+    case at::kFloat: run<PARTS, float>(x, codes, scale_min, out); break;
+    case at::kHalf: run<PARTS, at::Half>(x, codes, scale_min, out); break;
+    default: TORCH_CHECK(false, "int4_w4a8_mm: x must be bfloat16, float32 or float16");
+  }
+}
+
+at::Tensor int4_w4a8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min,
+                        int64_t parts) {
+  TORCH_CHECK(parts == 1 || parts == 2, "int4_w4a8_mm: parts must be 1 or 2");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "int4_w4a8_mm: x must be a contiguous [M, K]");
+  TORCH_CHECK(codes.dim() == 3 && codes.size(2) == 64 && codes.scalar_type() == at::kByte &&
+                  codes.is_contiguous(),
+              "int4_w4a8_mm: codes must be a contiguous uint8 [N/16, K/8, 64]");
+  const int64_t K = x.size(1), NT = codes.size(0);
+  TORCH_CHECK(K % kBlock == 0 && codes.size(1) * 8 == K,
+              "int4_w4a8_mm: x's width ", K, " does not match the codes' ", codes.size(1) * 8);
+  TORCH_CHECK(scale_min.scalar_type() == at::kHalf && scale_min.is_contiguous() &&
+                  scale_min.dim() == 4 && scale_min.size(0) == NT &&
+                  scale_min.size(1) == K / kBlock && scale_min.size(2) == 2 &&
+                  scale_min.size(3) == kTile,
+              "int4_w4a8_mm: scale_min must be a contiguous fp16 [N/16, K/32, 2, 16]");
+  at::Tensor out = at::empty({x.size(0), NT * kTile}, x.options());
+  if (x.size(0) == 0) return out;
+  if (parts == 1)
+    run_parts<1>(x, codes, scale_min, out);
+  else
+    run_parts<2>(x, codes, scale_min, out);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(firsttoken, m) {
+  m.def("int4_w4a8_mm(Tensor x, Tensor codes, Tensor scale_min, int parts) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(firsttoken, CPU, m) { m.impl("int4_w4a8_mm", &int4_w4a8_mm); }

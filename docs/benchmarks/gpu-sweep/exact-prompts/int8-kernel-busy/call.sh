@@ -1,0 +1,16 @@
+#!/bin/bash
+# One device call (H200 only): the sweep of "TTFT against batch size on the H200" with an int8
+# KV cache at batch 8-128, with 20 engine steps profiled live per batch size (kernel-busy).
+#   bash docs/benchmarks/gpu-sweep/exact-prompts/int8-kernel-busy/call.sh
+set -u
+n=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+case "$n" in *H200*) ;; *) echo "skipped: $n is not an H200"; exit 0;; esac
+source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
+PYTHON=python3 DEMO_BACKEND_MODEL=synthetic:llama-2-7b \
+DEMO_BACKEND_ARGS="--device cuda --max-num-seqs 128 --kv-cache-memory 40 --kv-cache-dtype int8" \
+DEMO_BATCH_SIZES=${BATCHES:-8,16,32,64,128} DEMO_REQUESTS=100 DEMO_PROMPT_TOKENS=512 \
+DEMO_OUTPUT_TOKENS=64 DEMO_SLO_MS=200 DEMO_PROFILE_STEPS=20 DEMO_OUT="$OUT/int8" \
+timeout ${PASS_S:-420} deploy/demo.sh > "$OUT/sweep-int8.log" 2>&1
+echo "== rc=$?"; grep -E "^\|" "$OUT/sweep-int8.log" | tail -7
+python3 docs/benchmarks/gpu-sweep/exact-prompts/print_rows.py "$OUT/int8/results.json" gpu_util_loaded_mean_pct kernel_busy_pct profile_steps_captured
+tar czf $OUT/sweep-results.tgz -C $OUT --exclude="*.jsonl" --exclude="profiles" int8 && rm -rf $OUT/int8

@@ -1,0 +1,179 @@
+"""The CPU's int4 x int8 op (``backend.layers.cpu_w4a8``): built with the system's compiler
+against torch's headers, it gives exactly the product its scheme defines (each row rounded
+to int8 per block of 32, in one or two parts, times the codes, plus the mins times the
+block sums) for every dtype and row count; two parts come within float rounding of the
+float product; an int4 layer with it attached runs its few-row calls through it, and what it
+does not serve is refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.layers import cpu_dequant, cpu_w4a8
+from backend.layers.linear import Int4Linear, Linear
+
+pytestmark = pytest.mark.skipif(cpu_w4a8.why_not_here() is not None,
+                                reason=str(cpu_w4a8.why_not_here()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def op(tmp_path_factory) -> None:
+    directory = tmp_path_factory.mktemp("kernels")
+    if not cpu_w4a8.loaded():
+        assert not cpu_w4a8.load(directory)  # nothing built there yet
+    cpu_w4a8.build(directory)
+    assert cpu_w4a8.build(directory) < 1.0  # there already: nothing compiled
+    assert cpu_w4a8.load(directory) and cpu_w4a8.loaded()
+
+
+def weights(N: int, K: int, G: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=gen)
+    scale = torch.rand(N, K // G, generator=gen) * 0.02 + 1e-3
+    lo = -8 * scale + torch.randn(N, K // G, generator=gen) * 1e-3
+    return codes, scale, lo
+
+
+def scheme(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor,
+           parts: int) -> torch.Tensor:
+    """The op's arithmetic, float32 rounding then float64 sums: x rounded per block of 32
+    in ``parts`` int8 parts (half to even, as the CPU's conversion), the codes' dot products
+    scaled, plus the mins times each block's sum."""
+    M, K = x.shape
+    rest = x.float().view(M, K // 32, 32)
+    total, terms = rest.double().sum(-1), []
+    for _ in range(parts):
+        amax = rest.abs().amax(-1, keepdim=True)
+        d = amax / 127
+        inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+        q = torch.round(rest * inv)
+        terms.append((q.double(), d.double()))
+        rest = rest - q * d
+    N = codes.shape[0]
+    sm = scale_min.double().permute(0, 3, 1, 2).reshape(N, K // 32, 2)
+    c = codes.double().view(N, K // 32, 32)
+    out = total @ sm[..., 1].t()
+    for q, d in terms:
+        out = out + torch.einsum("mbk,nbk,mb,nb->mn", q, c, d.squeeze(-1), sm[..., 0])
+    return out
+
+
+@pytest.mark.parametrize("N,K,G", [(960, 576, 32), (576, 1536, 64), (48, 128, 128)])
+def test_pack_round_trips(N, K, G):
+    codes, scale, lo = weights(N, K, G)
+    tiles, scale_min = cpu_w4a8.pack(codes, scale, lo, G)
+    assert tiles.shape == (N // 16, K // 8, 64) and tiles.dtype == torch.uint8
+    assert scale_min.shape == (N // 16, K // 32, 2, 16) and scale_min.dtype == torch.float16
+    want = (codes.float() * scale.half().float().repeat_interleave(G, 1)
+            + lo.half().float().repeat_interleave(G, 1))
+    assert torch.equal(cpu_w4a8.dequantize(tiles, scale_min), want)
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 9])
+def test_float32_rows_give_the_schemes_product(M, parts):
+    N, K, G = 960, 576, 32
+    codes, scale, lo = weights(N, K, G, seed=M)
+    tiles, scale_min = cpu_w4a8.pack(codes, scale, lo, G)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 3
+    x[:, 5] = 50.0  # an outlier in one block
+    x[0, 32:64] = 0.0  # a block of zeros
+    got = cpu_w4a8.matmul(x, tiles, scale_min, parts).double()
+    want = scheme(x, codes, scale_min, parts)
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_two_parts_come_within_float_rounding(dtype):
+    N, K, G = 576, 1536, 32
+    codes, scale, lo = weights(N, K, G)
+    tiles, scale_min = cpu_w4a8.pack(codes, scale, lo, G)
+    W = cpu_w4a8.dequantize(tiles, scale_min).double()
+    x = (torch.randn(6, K, generator=torch.Generator().manual_seed(1)) * 2).to(dtype)
+    x[:, 7] = 40
+    want = x.double() @ W.t()
+    rel = {p: ((cpu_w4a8.matmul(x, tiles, scale_min, p).double() - want).norm()
+               / want.norm()).item() for p in (1, 2)}
+    assert cpu_w4a8.matmul(x, tiles, scale_min, 2).dtype == dtype
+    # the output's own rounding bounds two parts; one part keeps the activations' 8 bits
+    assert rel[2] < {torch.float32: 5e-4, torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
+    assert rel[1] > 2 * rel[2] if dtype == torch.float32 else rel[1] < 0.05
+
+
+def test_rows_are_independent_of_the_batch():
+    N, K, G = 960, 576, 32
+    tiles, scale_min = cpu_w4a8.pack(*weights(N, K, G), G)
+    x = torch.randn(8, K).to(torch.bfloat16)
+    whole = cpu_w4a8.matmul(x, tiles, scale_min, 2)
+    for r in range(8):
+        assert torch.equal(cpu_w4a8.matmul(x[r:r + 1], tiles, scale_min, 2), whole[r:r + 1])
+
+
+def test_no_rows_and_refusals():
+    N, K, G = 64, 128, 32
+    tiles, scale_min = cpu_w4a8.pack(*weights(N, K, G), G)
+    assert cpu_w4a8.matmul(torch.zeros(0, K), tiles, scale_min).shape == (0, N)
+    with pytest.raises(RuntimeError, match="does not match"):
+        cpu_w4a8.matmul(torch.zeros(1, K + 32), tiles, scale_min)
+    with pytest.raises(RuntimeError, match="scale_min"):
+        cpu_w4a8.matmul(torch.zeros(1, K), tiles, scale_min.float())
+    with pytest.raises(RuntimeError, match="parts"):
+        cpu_w4a8.matmul(torch.zeros(1, K), tiles, scale_min, 3)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        cpu_w4a8.matmul(torch.zeros(1, K, dtype=torch.float64), tiles, scale_min)
+    with pytest.raises(ValueError, match="packing needs"):
+        cpu_w4a8.pack(*weights(40, K, G), G)
+    assert not cpu_w4a8.serves(40, 128, 32) and not cpu_w4a8.serves(64, 128, 16)
+
+
+def int4_layer(N: int = 192, K: int = 256, G: int = 32, bias: bool = False) -> Int4Linear:
+    layer = Int4Linear(N, K, bias, torch.device("cpu"), torch.bfloat16, G)
+    layer.load_rows(slice(None), torch.randn(N, K, generator=torch.Generator().manual_seed(3)))
+    if bias:
+        layer.bias.copy_(torch.randn(N))
+    return layer
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_an_int4_layer_runs_its_few_row_calls_through_the_op(bias):
+    layer = int4_layer(bias=bias)
+    if not layer.w4a8_serves():
+        pytest.skip("torch's int4 packing is in a layout cpu_dequant does not read")
+    x = torch.randn(4, layer.in_features).to(torch.bfloat16)
+    before, gen = layer(x), Linear.generation
+    layer.attach_w4a8(2)
+    assert Linear.generation > gen and layer.kernel == "cpu-int4-w4a8x2"
+    tiles = layer.w4a8_codes
+    fn, kind = layer.few_rows_fn()
+    got = layer(x)
+    assert kind == "int4" and torch.equal(fn(x), got)
+    want = (cpu_w4a8.matmul(x, tiles, layer.w4a8_scale_min.view(torch.float16), 2)
+            + (layer.bias if bias else 0))
+    assert torch.equal(got, want.to(got.dtype))
+    assert cpu_w4a8.PARTS["int8x2"] == 2
+    # the same weights as torch's kernel multiplies by: only the activations' rounding
+    assert ((got.float() - before.float()).norm() / before.float().norm()).item() < 1e-2
+    # many rows still go the packed-kernel way (or the dense copy)
+    many = torch.randn(cpu_dequant.DENSE_MIN_ROWS["int4"], layer.in_features).to(torch.bfloat16)
+    assert not torch.equal(layer(many)[:4], cpu_w4a8.matmul(many, tiles, layer.w4a8_scale_min
+                                                            .view(torch.float16), 2)[:4])
+    layer.detach_w4a8()
+    assert not layer.w4a8 and "w4a8_codes" not in dict(layer.named_buffers())
+    assert torch.equal(layer(x), before)
+
+
+def test_the_ops_copy_follows_a_reload_and_dtype_moves():
+    layer = int4_layer()
+    if not layer.w4a8_serves():
+        pytest.skip("torch's int4 packing is in a layout cpu_dequant does not read")
+    layer.attach_w4a8(1)
+    old = layer.w4a8_codes.clone()
+    layer.load_rows(slice(None), torch.randn(layer.out_features, layer.in_features))
+    assert layer.w4a8 and not torch.equal(layer.w4a8_codes, old)
+    codes = cpu_dequant.int4_unpack(layer.packed, layer.out_features, layer.in_features)
+    assert torch.equal(cpu_w4a8.pack(codes, torch.ones(1, 1).expand(codes.shape[0], 8),
+                                     torch.zeros(codes.shape[0], 8), 32)[0], layer.w4a8_codes)
+    bits = layer.w4a8_scale_min.clone()
+    layer.to(torch.float32)  # floating buffers move; the scales' fp16 bits do not
+    assert torch.equal(layer.w4a8_scale_min, bits)
+    assert layer(torch.randn(2, layer.in_features)).dtype == torch.float32
