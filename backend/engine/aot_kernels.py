@@ -64,12 +64,12 @@ def kernels_dir() -> Path:
 
 
 def attach(model: LlamaModel, attn: Attention, mode: str,
-           int4_activations: str = "int8") -> AotKernels:
+           int4_activations: str = "model") -> AotKernels:
     """Gives the model on the CPU its compiled one-token kernels, per ``mode``, after the
     step ops are chosen (compiled step ops get none): the int4 layers' int4 x int8 op
-    (``int4_activations`` int8) first, as the layer pieces call it; the int8 LM head's
-    one-row GEMV and the layer pieces between attention calls; and ``attn`` its paged
-    decode kernel. A package that does not load, or whose output differs from the eager
+    where ``int4_activations`` asks for it (int8x2 / int8), first, as the layer pieces call
+    it; the int8 LM head's one-row GEMV and the layer pieces between attention calls; and
+    ``attn`` its paged decode kernel. A package that does not load, or whose output differs from the eager
     path's on the model's own weights, is not used (the engine runs the eager path and says
     why)."""
     w4a8 = attach_int4_w4a8(model, mode, int4_activations)
@@ -86,9 +86,9 @@ def _int4_layers(model: LlamaModel) -> list[Int4Linear]:
 
 def attach_int4_w4a8(model: LlamaModel, mode: str, activations: str) -> dict:
     """The int4 layers' calls of few rows through the int4 x int8 op (``cpu_w4a8``): where
-    ``activations`` is int8, the step is eager on the CPU, and the library loads and agrees
-    with torch's int4 kernel on the first layer's own weights; its ``_status``, with the
-    count of layers that run it."""
+    ``activations`` asks for it (int8x2 / int8), the step is eager on the CPU, and the
+    library loads and agrees with torch's int4 kernel on the first layer's own weights; its
+    ``_status``, with the count of layers that run it."""
     layers = _int4_layers(model)
     for layer in layers:
         if layer.w4a8:

@@ -29,11 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights-dtype", default="auto", choices=WEIGHT_DTYPES)
     parser.add_argument("--lm-head-dtype", default="auto", choices=("auto", *LM_HEAD_DTYPES))
     parser.add_argument("--int4-group-size", type=int, default=32, choices=INT4_GROUP_SIZES)
+    parser.add_argument("--cpu-int4-activations", default="model",
+                        choices=("model", "int8x2", "int8"),
+                        help="as the backend's flag: int8x2 / int8 also build the int4 x int8 "
+                             "op and the layer pieces that call it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = EngineConfig(device="cpu", dtype=args.dtype, weights_dtype=args.weights_dtype,
                           lm_head_dtype=args.lm_head_dtype,
                           int4_group_size=args.int4_group_size, kv_cache_memory_gib=0.01,
+                          cpu_int4_activations=args.cpu_int4_activations,
                           max_num_seqs=1, max_model_len=64, prefill_dense_weights="off",
                           cpu_aot_kernels="build")
     result = LLMEngine(config, load_model_source(args.model)).runner.aot_kernels

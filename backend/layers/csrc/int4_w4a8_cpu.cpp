@@ -136,13 +136,28 @@ void run(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_m
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* ct = cp + t * KB * 4 * 64;
       const at::Half* st = sp + t * KB * 32;
-      int64_t r = 0;
-      for (; r + 4 <= M; r += 4)
-        tile<4, PARTS>(ct, st, KB, q.data() + r * PARTS * K, d.data() + r * PARTS * KB,
-                       s.data() + r * KB, K, op + r * N + t * kTile, N);
-      for (; r < M; ++r)
-        tile<1, PARTS>(ct, st, KB, q.data() + r * PARTS * K, d.data() + r * PARTS * KB,
-                       s.data() + r * KB, K, op + r * N + t * kTile, N);
+      // rows in fours, the rest in one tile of 1-3: each tile's codes are unpacked once per
+      // group of rows, not once per row
+      for (int64_t r = 0; r < M;) {
+        const int64_t left = M - r;
+        const int8_t* qr = q.data() + r * PARTS * K;
+        const float* dr = d.data() + r * PARTS * KB;
+        const float* sr = s.data() + r * KB;
+        T* o = op + r * N + t * kTile;
+        if (left >= 4) {
+          tile<4, PARTS>(ct, st, KB, qr, dr, sr, K, o, N);
+          r += 4;
+        } else if (left == 3) {
+          tile<3, PARTS>(ct, st, KB, qr, dr, sr, K, o, N);
+          r += 3;
+        } else if (left == 2) {
+          tile<2, PARTS>(ct, st, KB, qr, dr, sr, K, o, N);
+          r += 2;
+        } else {
+          tile<1, PARTS>(ct, st, KB, qr, dr, sr, K, o, N);
+          r += 1;
+        }
+      }
     }
   });
 }
