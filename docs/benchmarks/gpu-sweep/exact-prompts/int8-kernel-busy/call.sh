@@ -1,10 +1,11 @@
 #!/bin/bash
-# One device call (H200 only): the sweep of "TTFT against batch size on the H200" with an int8
-# KV cache at batch 8-128, with 20 engine steps profiled live per batch size (kernel-busy).
-#   bash docs/benchmarks/gpu-sweep/exact-prompts/int8-kernel-busy/call.sh
+# One device call (H200 only; ANY_GPU=1: whichever came): the sweep of "TTFT against batch size
+# on the H200" with an int8 KV cache at batch 8-128, with 20 engine steps profiled live per
+# batch size (kernel-busy).
+#   [ANY_GPU=1] [BATCHES=8,16,32,64,128] bash docs/benchmarks/gpu-sweep/exact-prompts/int8-kernel-busy/call.sh
 set -u
 n=$(nvidia-smi --query-gpu=name --format=csv,noheader)
-case "$n" in *H200*) ;; *) echo "skipped: $n is not an H200"; exit 0;; esac
+case "$n" in *H200*) ;; *) [ -n "${ANY_GPU:-}" ] || { echo "skipped: $n is not an H200"; exit 0; };; esac
 source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
 PYTHON=python3 DEMO_BACKEND_MODEL=synthetic:llama-2-7b \
 DEMO_BACKEND_ARGS="--device cuda --max-num-seqs 128 --kv-cache-memory 40 --kv-cache-dtype int8" \
