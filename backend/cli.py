@@ -9,9 +9,9 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from backend.engine.config import (CPU_AOT_MODES, DEFAULT_MAX_PREFILL_TOKENS,
-                                   GPU_PREFILL_DENSE_SHARE, MODEL_DTYPES, PREFILL_DENSE_MAX_GIB,
-                                   EngineConfig)
+from backend.engine.config import (CPU_AOT_MODES, CPU_INT4_ACTIVATIONS,
+                                   DEFAULT_MAX_PREFILL_TOKENS, GPU_PREFILL_DENSE_SHARE,
+                                   MODEL_DTYPES, PREFILL_DENSE_MAX_GIB, EngineConfig)
 from backend.schema import describe
 from backend.server.config import DEFAULT_MODEL, PROFILE_TOKEN_ENV, ServerConfig
 
@@ -79,8 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "between attention calls): auto = where built (make model; python -m "
                         "backend.engine.build_kernels), build = compile what is missing at "
                         "start (10-40 s once), off = eager (default: %(default)s)")
-    p.add_argument("--cpu-int4-activations", default="model",
-                   choices=("model", "int8x2", "int8"),
+    p.add_argument("--cpu-int4-activations", default="model", choices=CPU_INT4_ACTIVATIONS,
                    help="int4 layers' calls of few rows (decode steps) on the CPU: model = "
                         "torch's int4 kernel on activations in the model dtype; int8x2 / int8 = "
                         "the activations rounded per block of 32 to int8 twice (~15 bits) or "

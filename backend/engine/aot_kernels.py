@@ -113,13 +113,15 @@ def attach_int4_w4a8(model: LlamaModel, mode: str, activations: str) -> dict:
     if not ok:
         return status
     for layer in serves:
-        layer.attach_w4a8(parts)
+        if not layer.w4a8:  # the checked one is attached already
+            layer.attach_w4a8(parts)
     return {**status, "layers": len(serves), "activations": activations}
 
 
 def _checked_w4a8(directory: Path, layer: Int4Linear, parts: int) -> bool:
     """Loads the op, and checks it against torch's int4 kernel on ``layer``'s own weights,
-    four random rows (the gap: the activations' 8 bits)."""
+    four random rows (the gap: the activations' 8 bits); ``layer`` stays attached if it
+    agrees."""
     if not cpu_w4a8.load(directory):
         raise RuntimeError(f"no {cpu_w4a8.library_name()} in {directory}")
     gen = torch.Generator().manual_seed(0)
@@ -128,12 +130,13 @@ def _checked_w4a8(directory: Path, layer: Int4Linear, parts: int) -> bool:
     layer.attach_w4a8(parts)
     try:
         got = layer(x)
-    finally:
+        err = cpu_aot.relative_error(got, want)
+        if got.shape != want.shape or not err <= 5e-2:
+            raise RuntimeError(f"the int4 x int8 op disagrees with torch's int4 kernel "
+                               f"(relative error {err:.2g})")
+    except BaseException:
         layer.detach_w4a8()
-    err = cpu_aot.relative_error(got, want)
-    if got.shape != want.shape or not err <= 5e-2:
-        raise RuntimeError(f"the int4 x int8 op disagrees with torch's int4 kernel "
-                           f"(relative error {err:.2g})")
+        raise
     return True
 
 

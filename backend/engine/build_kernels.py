@@ -11,7 +11,8 @@ import logging
 import sys
 
 from backend.engine import aot_kernels
-from backend.engine.config import INT4_GROUP_SIZES, MODEL_DTYPES, EngineConfig
+from backend.engine.config import (CPU_INT4_ACTIVATIONS, INT4_GROUP_SIZES, MODEL_DTYPES,
+                                   EngineConfig)
 from backend.engine.llm_engine import LLMEngine
 from backend.layers.linear import LM_HEAD_DTYPES, WEIGHT_DTYPES
 from backend.weights.loader import load_model_source
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lm-head-dtype", default="auto", choices=("auto", *LM_HEAD_DTYPES))
     parser.add_argument("--int4-group-size", type=int, default=32, choices=INT4_GROUP_SIZES)
     parser.add_argument("--cpu-int4-activations", default="model",
-                        choices=("model", "int8x2", "int8"),
+                        choices=CPU_INT4_ACTIVATIONS,
                         help="as the backend's flag: int8x2 / int8 also build the int4 x int8 "
                              "op and the layer pieces that call it")
     args = parser.parse_args(argv)

@@ -46,6 +46,8 @@ def prefill_budget(max_prefill_tokens: int | None, max_num_batched_tokens: int) 
 
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 CPU_AOT_MODES = ("auto", "build", "off")
+# --cpu-int4-activations: torch's int4 kernel, or the int4 x int8 op in two / one parts
+CPU_INT4_ACTIVATIONS = ("model", "int8x2", "int8")
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": MODEL_DTYPES,
@@ -57,7 +59,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "scheduling": ("continuous", "static"),
     "attention": ("auto", "triton", "sdpa", "math"),
     "cpu_aot_kernels": CPU_AOT_MODES,
-    "cpu_int4_activations": ("model", "int8x2", "int8"),
+    "cpu_int4_activations": CPU_INT4_ACTIVATIONS,
 }
 
 

@@ -83,13 +83,15 @@ def build(directory: Path) -> float:
 def load(directory: Path) -> bool:
     """Registers the op from the library built in ``directory``; False when there is none.
     One library per process: a second call with the same build is a no-op."""
-    global _loaded
+    global _loaded, _op
     path = Path(directory) / library_name()
     if _loaded is not None:
-        return _loaded.name == path.name or _mismatch(path)
+        if _loaded.name != path.name:
+            raise RuntimeError(f"the int4 x int8 op is already loaded from {_loaded}; "
+                               f"{path.name} is another build of it")
+        return True
     if not path.is_file():
         return False
-    global _op
     torch.ops.load_library(str(path))
     torch.library.register_fake("firsttoken::int4_w4a8_mm")(_fake)  # for export / AOTI
     _op = torch.ops.firsttoken.int4_w4a8_mm.default  # resolved once: ~us less a call
@@ -100,11 +102,6 @@ def load(directory: Path) -> bool:
 def _fake(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor,
           parts: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], codes.shape[0] * TILE)
-
-
-def _mismatch(path: Path) -> bool:
-    raise RuntimeError(f"the int4 x int8 op is already loaded from {_loaded}; {path.name} is "
-                       "another build of it")
 
 
 def loaded() -> bool:
