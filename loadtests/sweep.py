@@ -304,6 +304,14 @@ class LoadedProfile:
                     "steps_captured"),
                 "profile_trace": self.report.get("trace")}
 
+    def save(self, path: str) -> None:
+        """The backend's summary of the capture (gap owners, kernels per step, top kernels,
+        ranges) as JSON at ``path``, where one came back: the trace it names stays on the
+        backend's machine, and this is what says where a step's idle time falls."""
+        if self.report is not None:
+            with open(path, "w") as f:
+                json.dump(self.report, f, indent=1)
+
 
 def run_step(cfg: SweepConfig, batch: int, out: str, backend: BackendProcess | None) -> dict:
     step_dir = os.path.join(out, "steps", f"batch-{batch:03d}")
@@ -322,6 +330,8 @@ def run_step(cfg: SweepConfig, batch: int, out: str, backend: BackendProcess | N
         gpu = sampler.stop().summary()
     busy = profiler.result() if profiler is not None else \
         LoadedProfile.absent("no profile asked for (--profile-steps 0)")
+    if profiler is not None:
+        profiler.save(os.path.join(step_dir, "profile.json"))
     after = {"gateway": observe.scrape(cfg.gateway_metrics, token=cfg.metrics_token),
              "backend": observe.scrape(cfg.backend_metrics)}
     metrics = {k: observe.delta(before[k], after[k]) for k in before}

@@ -190,6 +190,11 @@ def test_sweep_asks_for_a_profile_under_load(server, tmp_path) -> None:
     load.join(120)
     assert row["profile_steps_captured"] == 2 and row["kernel_busy_pct"] is None
     assert row["kernel_busy_reason"] and row["profile_trace"]
+    prof.save(str(tmp_path / "profile.json"))
+    saved = json.loads((tmp_path / "profile.json").read_text())
+    assert saved["trace"] == row["profile_trace"] and "gap_owners" in saved
     bad = LoadedProfile(SweepConfig(host=server.base_url, requests=1, profile_url=url,
                                     profile_steps=2, profile_token="wrong"), str(records))
     assert bad.start().result()["kernel_busy_reason"].startswith("HTTP 401")
+    bad.save(str(tmp_path / "none.json"))
+    assert not (tmp_path / "none.json").exists()

@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device call (H200 only; ANY_GPU=1: whichever came): the sweep of "TTFT against batch size
 # on the H200" with an int8 KV cache at batch 8-128, with 20 engine steps profiled live per
-# batch size (kernel-busy).
+# batch size (kernel-busy); each batch size's capture summary is kept as
+# int8/steps/batch-NNN/profile.json and its idle gaps' owners printed.
 #   [ANY_GPU=1] [BATCHES=8,16,32,64,128] bash docs/benchmarks/gpu-sweep/exact-prompts/int8-kernel-busy/call.sh
 set -u
 n=$(nvidia-smi --query-gpu=name --format=csv,noheader)
@@ -14,4 +15,13 @@ DEMO_OUTPUT_TOKENS=64 DEMO_SLO_MS=200 DEMO_PROFILE_STEPS=20 DEMO_OUT="$OUT/int8"
 timeout ${PASS_S:-420} deploy/demo.sh > "$OUT/sweep-int8.log" 2>&1
 echo "== rc=$?"; grep -E "^\|" "$OUT/sweep-int8.log" | tail -7
 python3 docs/benchmarks/gpu-sweep/exact-prompts/print_rows.py "$OUT/int8/results.json" gpu_util_loaded_mean_pct kernel_busy_pct profile_steps_captured
+python3 - "$OUT/int8/steps" <<'EOF'
+import glob, json, sys
+for p in sorted(glob.glob(sys.argv[1] + "/batch-*/profile.json")):
+    r = json.load(open(p))
+    owners = {k: round(v["idle_ms"], 2) for k, v in list(r["gap_owners"].items())[:4]}
+    print(p.split("/")[-2], "steps", r["steps"], "window_ms", round(r["window_ms"] or 0, 1),
+          "idle_ms", round(r["gpu_idle_ms"] or 0, 2), "kernels/step",
+          round(r["kernels_per_step"] or 0), "idle by range", owners)
+EOF
 tar czf $OUT/sweep-results.tgz -C $OUT --exclude="*.jsonl" --exclude="profiles" int8 && rm -rf $OUT/int8
