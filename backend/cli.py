@@ -79,16 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "between attention calls): auto = where built (make model; python -m "
                         "backend.engine.build_kernels), build = compile what is missing at "
                         "start (10-40 s once), off = eager (default: %(default)s)")
-    p.add_argument("--cpu-int4-activations", default="model", choices=CPU_INT4_ACTIVATIONS,
-                   help="int4 layers' calls of few rows (decode steps) on the CPU: model = "
-                        "torch's int4 kernel on activations in the model dtype; int8x2 / int8 = "
-                        "the activations rounded per block of 32 to int8 twice (~15 bits) or "
-                        "once, multiplied with the codes by AVX-512 VNNI dot products (a C++ op "
+    p.add_argument("--cpu-int4-activations", default="int8x2", choices=CPU_INT4_ACTIVATIONS,
+                   help="int4 layers' calls of few rows (decode steps) on the CPU: int8x2 / "
+                        "int8 = the activations rounded per block of 32 to int8 twice (~15 "
+                        "bits, torch's kernel's accuracy) or once (+1.5%% perplexity, faster), "
+                        "multiplied with the codes by AVX-512 VNNI dot products (a C++ op "
                         "built with the kernels of --cpu-aot-kernels, not with off; CPUs without "
-                        "VNNI keep torch's kernel): 8-13%% faster decode steps at batch 1-8 "
-                        "(int8: more, at +1.5%% perplexity), but a request's greedy tokens may "
-                        "then change at near-ties with the other requests sharing its steps "
-                        "(default: %(default)s)")
+                        "VNNI keep torch's kernel): 8-13%% faster decode steps at batch 1-8; "
+                        "model = torch's int4 kernel (default: %(default)s)")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB",
                    help="KV cache size in GiB (default: sized from free memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")

@@ -30,10 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights-dtype", default="auto", choices=WEIGHT_DTYPES)
     parser.add_argument("--lm-head-dtype", default="auto", choices=("auto", *LM_HEAD_DTYPES))
     parser.add_argument("--int4-group-size", type=int, default=32, choices=INT4_GROUP_SIZES)
-    parser.add_argument("--cpu-int4-activations", default="model",
+    parser.add_argument("--cpu-int4-activations", default="int8x2",
                         choices=CPU_INT4_ACTIVATIONS,
-                        help="as the backend's flag: int8x2 / int8 also build the int4 x int8 "
-                             "op and the layer pieces that call it")
+                        help="as the backend's flag: int8x2 / int8 build the int4 x int8 op and "
+                             "the layer pieces that call it, model the pieces on torch's "
+                             "kernel")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = EngineConfig(device="cpu", dtype=args.dtype, weights_dtype=args.weights_dtype,

@@ -96,14 +96,15 @@ class EngineConfig(Schema):
     # where a package is in the weights cache; build = compile what is missing at start
     # (10-40 s, once per machine); off = eager
     cpu_aot_kernels: str = "auto"
-    # int4 layers' calls of few rows on the CPU: model = torch's int4 kernel on activations in
-    # the model dtype; int8x2 / int8 = the activations rounded per block of 32 to int8 twice
-    # (the value, then its remainder, ~15 bits) or once, times the codes by integer dot
-    # products (backend.layers.cpu_w4a8, AVX-512 VNNI; built and loaded with the kernels
-    # above, so not with cpu_aot_kernels off): faster decode steps, but a request's tokens
-    # then depend at near-ties on how its steps were grouped with other requests' rows
-    # (few-row calls take the op, larger ones the dense copies), so not the default
-    cpu_int4_activations: str = "model"
+    # int4 layers' calls of few rows on the CPU (decode steps): int8x2 / int8 = the
+    # activations rounded per block of 32 to int8 twice (the value, then its remainder, ~15
+    # bits) or once, times the codes by integer dot products (backend.layers.cpu_w4a8, AVX-512
+    # VNNI; built and loaded with the kernels above, so not with cpu_aot_kernels off; other
+    # CPUs keep torch's kernel); model = torch's int4 kernel on activations in the model
+    # dtype. int8x2 is torch's kernel's accuracy, and a row's result does not depend on the
+    # rows sharing its call; both differ from the dense copies of many-row steps by the same
+    # ~0.26 % (docs/BENCHMARKS.md)
+    cpu_int4_activations: str = "int8x2"
     kv_cache_memory_gib: float | None = Field(None, gt=0)  # None = sized from free memory
     block_size: int = Field(16, ge=1)  # tokens per KV block
     cuda_graph: bool = True  # capture decode steps on CUDA; no-op on CPU

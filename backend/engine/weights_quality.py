@@ -9,8 +9,8 @@
 A variant is a ``--weights-dtype`` value, ``int4:G`` for a group size, optionally
 ``+head`` (the LM head quantised the same way; ``+head=int8``: as int8), ``/none``
 (``--weights-scaling none``: plain rounding instead of activation-aware scales) and
-``@model`` / ``@int8`` / ``@int8x2`` (``--cpu-int4-activations``; default model); the first one is the
-reference. A prefill of many rows multiplies by the layers' dense copies; ``--score-chunk
+``@model`` / ``@int8`` / ``@int8x2`` (``--cpu-int4-activations``; default the engine's,
+int8x2); the first one is the reference. A prefill of many rows multiplies by the layers' dense copies; ``--score-chunk
 8`` feeds the texts 8 tokens a pass, so the scores go through the kernels of decode steps
 (the int4 x int8 op among them) instead. Group
 sizes that do not divide a layer's input width are reported as skipped. With ``--text``,
@@ -42,7 +42,7 @@ def variant_config(variant: str, dtype: str, device: str = "cpu") -> EngineConfi
     return EngineConfig(device=device, dtype=dtype, weights_dtype=weights,
                         int4_group_size=int(group or 32), lm_head_dtype=lm_head,
                         weights_scaling=scaling or "activation",
-                        cpu_int4_activations=activations or "model",
+                        **({"cpu_int4_activations": activations} if activations else {}),
                         kv_cache_memory_gib=0.25, max_model_len=2048)
 
 

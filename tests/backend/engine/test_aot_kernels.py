@@ -22,7 +22,11 @@ from backend.weights.loader import load_model_source
 from tests.backend.layers.test_cpu_aot import Counting
 
 MODEL = "synthetic:tiny"
-FLAGS = dict(weights_dtype="int4", lm_head_dtype="int8", dtype="float32")
+# torch's int4 kernel (not the default int4 x int8 op): these tests check the packages
+# against the eager path's tokens; the op's own test below takes the default
+FLAGS = dict(weights_dtype="int4", lm_head_dtype="int8", dtype="float32",
+             cpu_int4_activations="model")
+DEFAULT_FLAGS = {k: v for k, v in FLAGS.items() if k != "cpu_int4_activations"}
 PROMPTS = [[5, 9, 13, 2, 7], [40, 41, 42]]
 
 
@@ -31,9 +35,10 @@ def engine(mode: str) -> LLMEngine:
                                   max_model_len=128, **FLAGS), load_model_source(MODEL))
 
 
-def build_command(cache, **env: str) -> subprocess.CompletedProcess:
-    """``python -m backend.engine.build_kernels`` for MODEL with FLAGS into ``cache``."""
-    flags = [a for k, v in FLAGS.items() for a in (f"--{k.replace('_', '-')}", v)]
+def build_command(cache, flags: dict[str, str] = FLAGS, **env: str
+                  ) -> subprocess.CompletedProcess:
+    """``python -m backend.engine.build_kernels`` for MODEL with ``flags`` into ``cache``."""
+    flags = [a for k, v in flags.items() for a in (f"--{k.replace('_', '-')}", v)]
     return subprocess.run(
         [sys.executable, "-m", "backend.engine.build_kernels", "--model", MODEL, *flags],
         capture_output=True, text=True, timeout=300,
@@ -286,14 +291,15 @@ def test_an_engine_keeping_dense_copies_builds_the_pieces_at_start(tmp_path, mon
 
 
 def test_int4_layers_run_the_int4_x_int8_op(cache, monkeypatch):
-    """Off by default; asked for, built beside the packages and loaded first (the pieces call
-    it): every int4 layer of whole tiles runs its few-row calls through it, in two int8
-    parts with torch's kernel's greedy tokens; one part, and ``--cpu-aot-kernels off``, as
-    asked."""
+    """The default: built beside the packages and loaded first (the pieces call it), every
+    int4 layer of whole tiles runs its few-row calls through it, in two int8 parts, with
+    torch's kernel's greedy tokens; the build command builds it unasked; one part,
+    ``model`` and ``--cpu-aot-kernels off`` as asked."""
     monkeypatch.setenv("FIRSTTOKEN_CACHE", str(cache))
-    assert engine("auto").stats().cpu_aot_kernels["int4_w4a8"]["status"] == "off"  # default
+    assert EngineConfig().cpu_int4_activations == "int8x2"
+    assert engine("auto").stats().cpu_aot_kernels["int4_w4a8"]["status"] == "off"  # model
     eng = LLMEngine(EngineConfig(cpu_aot_kernels="build", kv_cache_memory_gib=0.01,
-                                 max_model_len=128, cpu_int4_activations="int8x2", **FLAGS),
+                                 max_model_len=128, **DEFAULT_FLAGS),
                     load_model_source(MODEL))
     status = eng.stats().cpu_aot_kernels["int4_w4a8"]
     layers = [m for layer in eng.runner.model.layers
@@ -307,21 +313,24 @@ def test_int4_layers_run_the_int4_x_int8_op(cache, monkeypatch):
         "layers": len(layers), "activations": "int8x2"}
     assert all(m.w4a8 and m.kernel == "cpu-int4-w4a8x2" for m in layers)
     assert eng.runner.model.few_rows_layers is not None  # the pieces call it
+    proc = build_command(cache, DEFAULT_FLAGS)  # make model's command: the op is built
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "\nint4 x int8 op: loaded: " in proc.stdout, proc.stdout
     params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0)
     with_op = eng.generate(PROMPTS, params)
     plain = LLMEngine(EngineConfig(cpu_aot_kernels="auto", kv_cache_memory_gib=0.01,
-                                   max_model_len=128, cpu_int4_activations="model", **FLAGS),
+                                   max_model_len=128, **FLAGS),
                       load_model_source(MODEL))
     assert plain.stats().cpu_aot_kernels["int4_w4a8"]["status"] == "off"
     assert not any(layer.qkv.w4a8 for layer in plain.runner.model.layers)
     assert plain.generate(PROMPTS, params) == with_op
     one = LLMEngine(EngineConfig(cpu_aot_kernels="build", kv_cache_memory_gib=0.01,
-                                 max_model_len=128, cpu_int4_activations="int8", **FLAGS),
+                                 max_model_len=128, **dict(FLAGS, cpu_int4_activations="int8")),
                     load_model_source(MODEL))
     assert one.stats().cpu_aot_kernels["int4_w4a8"]["activations"] == "int8"
     assert all(layer.down.kernel == "cpu-int4-w4a8x1" for layer in one.runner.model.layers)
     assert all(len(t) == 12 for t in one.generate(PROMPTS, params))
     off = LLMEngine(EngineConfig(cpu_aot_kernels="off", kv_cache_memory_gib=0.01,
-                                 max_model_len=128, cpu_int4_activations="int8x2", **FLAGS),
+                                 max_model_len=128, **DEFAULT_FLAGS),
                     load_model_source(MODEL)).stats().cpu_aot_kernels["int4_w4a8"]
     assert (off["status"], off["reason"]) == ("off", "--cpu-aot-kernels off")

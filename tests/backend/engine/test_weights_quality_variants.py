@@ -13,4 +13,4 @@ def test_variant_names_map_to_the_engine_flags():
                                                                            "model")
     c = variant_config("auto", "bfloat16")
     assert (c.weights_scaling, c.cpu_int4_activations, c.lm_head_dtype) == (
-        "activation", "model", "model")
+        "activation", "int8x2", "model")
