@@ -1,7 +1,8 @@
 """The CPU code the engine runs compiled ahead of time (``backend.layers.cpu_aot``) in
 steps of few rows: the int8 LM head's one-row GEMV and the quantised layers' work between
 attention calls (``backend.engine.aot_layers``: one package for one-row steps, one for
-steps of 2 up to 8 rows (int4; 3 for int8)); and, in steps of any size, the decode rows'
+steps of 2 up to 31 rows (int4 layers on the int4 x int8 op; 8 on torch's int4 kernel, 3 for
+int8)); and, in steps of any size, the decode rows'
 attention over a cache in the model dtype or int8 read in place, with the int8 store
 (``backend.layers.cpu_paged_decode``, a C++ library, CPUs with AVX-512F). Packages live in the weights cache,
 ``$FIRSTTOKEN_CACHE/kernels`` (default ``~/.cache/firsttoken/kernels``), one per shape and

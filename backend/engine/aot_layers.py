@@ -8,7 +8,8 @@ about half the time of the same calls eager at one row, 3.4-4.4 ms less at 2-8 r
 
 Two packages per model: one for one-row steps (batch-1 decode), compiled for exactly one row,
 and one for 2 up to the rows from which the quantised layers switch to their dense copies
-(``cpu_dequant.few_rows_limit``: 8 for int4, 3 for int8), compiled with the row count
+(``cpu_dequant.few_rows_limit``: 31 for int4 layers on the int4 x int8 op, 8 on torch's
+int4 kernel, 3 for int8), compiled with the row count
 dynamic (at one row that form cost ~4 % more, hence two).
 
 The package bakes in today's layer code, so its name carries a digest of the sources it was
@@ -90,7 +91,8 @@ def unusable(model: LlamaModel) -> str | None:
 def _row_ranges(model: LlamaModel) -> list[tuple[int, int]]:
     """The packages' row ranges (first, last) for this model's layers: one row, then 2 up
     to the last row before the layers switch kernels (none where that is 1)."""
-    kind = "int4" if isinstance(model.layers[0].qkv, linear.Int4Linear) else "int8"
+    qkv = model.layers[0].qkv
+    kind = qkv.cpu_kind if isinstance(qkv, linear.Int4Linear) else "int8"
     last = cpu_dequant.few_rows_limit(kind) - 1
     return [(1, 1)] + ([(2, last)] if last >= 2 else [])
 

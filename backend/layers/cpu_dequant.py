@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 # Rows (tokens) from which a call dequantises instead of running the packed kernel. Measured
 # on the 2-core AVX-512 VM with SmolLM2's shapes (benchmarks.quant --cpu-crossover).
-DENSE_MIN_ROWS = {"int8": 64, "int4": 128}
+DENSE_MIN_ROWS = {"int8": 64, "int4": 128, "int4-w4a8": 128}
 # Rows from which a layer that keeps a dense copy (``--prefill-dense-weights``) multiplies by
 # it: with no dequantising pass to pay, and the bf16 copy reordered once for oneDNN
 # (``onednn_weight``), the copy wins far sooner. Measured on the 2-core AVX-512 VM over all
@@ -34,17 +34,26 @@ DENSE_MIN_ROWS = {"int8": 64, "int4": 128}
 # at 7-8 and wins from 10. A copy in the plain layout (other dtypes, or no oneDNN bf16
 # here) pays a reorder inside every matmul and keeps the thresholds measured for it before
 # ("-plain": the copy ties at 8-12 rows for int8, at 20 for int4).
-COPY_MIN_ROWS = {"int8": 4, "int4": 9, "int8-plain": 16, "int4-plain": 24}
+# "int4-w4a8": an int4 layer on the int4 x int8 op (``cpu_w4a8``). The matmuls alone cross
+# over at 16 rows (SmolLM2's 120 layers: 14.6 against 15.1 ms at 14 rows, 16.8 against 16.2
+# at 16), but below the switch a step's work between attention calls runs as the compiled
+# layer pieces (``backend.engine.aot_layers``), which outweighs the op's loss up to 31 rows:
+# decode steps at batch 16 / 20 / 24 / 28 37.4 / 53.2 / 55.9 / 69.5 ms against 46.4 / 63.2 /
+# 58.6 / 73.4 with the switch at 16, equal at 32 and at 2-12
+# (docs/benchmarks/cpu-epyc-1206/int4-w4a8/ab_copy_rows.py). A plain copy loses to the op
+# for longer still (not measured): the same.
+COPY_MIN_ROWS = {"int8": 4, "int4": 9, "int8-plain": 16, "int4-plain": 24,
+                 "int4-w4a8": 32, "int4-w4a8-plain": 32}
 # The same for an LM head (49152 x 576 for SmolLM2, 28 MB of int8 read from memory every
 # step): the packed int8 kernel wins at 1-2 rows, the copy from 3 (a plain copy from 6). An
 # int4 head was not measured: it keeps the block layers' thresholds.
-HEAD_COPY_MIN_ROWS = {"int8": 3, "int8-plain": 6, "int4": COPY_MIN_ROWS["int4"],
-                      "int4-plain": COPY_MIN_ROWS["int4-plain"]}
+HEAD_COPY_MIN_ROWS = {"int8": 3, "int8-plain": 6,
+                      **{k: v for k, v in COPY_MIN_ROWS.items() if k.startswith("int4")}}
 
 
 def few_rows_limit(kind: str) -> int:
-    """Rows below which a quantised CPU layer of ``kind`` ("int4", "int8") runs its packed
-    kernel whatever copy it keeps (``Linear.few_rows_fn``)."""
+    """Rows below which a quantised CPU layer of ``kind`` ("int4", "int8", "int4-w4a8")
+    runs its packed kernel whatever copy it keeps (``Linear.few_rows_fn``)."""
     return min(DENSE_MIN_ROWS[kind], COPY_MIN_ROWS[kind], COPY_MIN_ROWS[f"{kind}-plain"])
 
 

@@ -745,6 +745,12 @@ class Int4Linear(_QuantizedLinear):
         self.kernel = "torch._weight_int4pack_mm_for_cpu"
         Linear.generation += 1
 
+    @property
+    def cpu_kind(self) -> str:
+        """The key of this layer's CPU row thresholds (``cpu_dequant.COPY_MIN_ROWS``): the op
+        beats the dense copy up to more rows than torch's kernel does."""
+        return "int4-w4a8" if self.w4a8 else "int4"
+
     def _w4a8_mm(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_w4a8.matmul(x, self.w4a8_codes, self.w4a8_scale_min.view(torch.float16),
                                self.w4a8_parts)
@@ -782,7 +788,7 @@ class Int4Linear(_QuantizedLinear):
             codes, scale_min = self.w4a8_codes, self.w4a8_scale_min.view(torch.float16)
             parts = self.w4a8_parts
             return self._with_bias(lambda x: cpu_w4a8.matmul(x, codes, scale_min, parts),
-                                   "int4")
+                                   "int4-w4a8")
         packed, scale_zero, G = self.packed, self.scale_zero, self.group_size
         return self._with_bias(
             lambda x: torch._weight_int4pack_mm_for_cpu(x, packed, G, scale_zero), "int4")
@@ -790,9 +796,9 @@ class Int4Linear(_QuantizedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         G = self.group_size
         if self.device.type == "cpu":
-            if self._through_copy(x, "int4"):
+            if self._through_copy(x, self.cpu_kind):
                 y = self.copy_matmul(x)
-            elif self.w4a8 and x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int4"]:
+            elif self.w4a8 and x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int4-w4a8"]:
                 y = self._w4a8_mm(x)
             elif x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int4"] or not self.dense_from_packed:
                 y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)

@@ -16,7 +16,7 @@ from backend.engine import aot_kernels, aot_layers
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
-from backend.layers import cpu_aot, cpu_paged_decode, cpu_w4a8
+from backend.layers import cpu_aot, cpu_dequant, cpu_paged_decode, cpu_w4a8
 from backend.layers.linear import ONE_ROW_AOT_KERNEL, Linear, frozen
 from backend.weights.loader import load_model_source
 from tests.backend.layers.test_cpu_aot import Counting
@@ -43,6 +43,10 @@ def build_command(cache, flags: dict[str, str] = FLAGS, **env: str
         [sys.executable, "-m", "backend.engine.build_kernels", "--model", MODEL, *flags],
         capture_output=True, text=True, timeout=300,
         env=dict(os.environ, FIRSTTOKEN_CACHE=str(cache), **env))
+
+
+def status_rows(eng: LLMEngine) -> list[int]:
+    return eng.stats().cpu_aot_kernels["few_rows_layers"]["rows"]
 
 
 def greedy(eng: LLMEngine) -> list[list[int]]:
@@ -313,6 +317,8 @@ def test_int4_layers_run_the_int4_x_int8_op(cache, monkeypatch):
         "layers": len(layers), "activations": "int8x2"}
     assert all(m.w4a8 and m.kernel == "cpu-int4-w4a8x2" for m in layers)
     assert eng.runner.model.few_rows_layers is not None  # the pieces call it
+    # ... up to the op's own switch to the dense copies, later than torch's kernel's
+    assert status_rows(eng) == [2, cpu_dequant.few_rows_limit("int4-w4a8") - 1] == [2, 31]
     proc = build_command(cache, DEFAULT_FLAGS)  # make model's command: the op is built
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "\nint4 x int8 op: loaded: " in proc.stdout, proc.stdout

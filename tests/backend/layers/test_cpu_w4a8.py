@@ -146,7 +146,9 @@ def test_an_int4_layer_runs_its_few_row_calls_through_the_op(bias):
     tiles = layer.w4a8_codes
     fn, kind = layer.few_rows_fn()
     got = layer(x)
-    assert kind == "int4" and torch.equal(fn(x), got)
+    # the op's own row thresholds: it keeps more rows from the dense copies than torch's
+    assert kind == layer.cpu_kind == "int4-w4a8" and torch.equal(fn(x), got)
+    assert cpu_dequant.few_rows_limit("int4-w4a8") > cpu_dequant.few_rows_limit("int4")
     want = (cpu_w4a8.matmul(x, tiles, layer.w4a8_scale_min.view(torch.float16), 2)
             + (layer.bias if bias else 0))
     assert torch.equal(got, want.to(got.dtype))
@@ -154,12 +156,13 @@ def test_an_int4_layer_runs_its_few_row_calls_through_the_op(bias):
     # the same weights as torch's kernel multiplies by: only the activations' rounding
     assert ((got.float() - before.float()).norm() / before.float().norm()).item() < 1e-2
     # many rows still go the packed-kernel way (or the dense copy)
-    many = torch.randn(cpu_dequant.DENSE_MIN_ROWS["int4"], layer.in_features).to(torch.bfloat16)
+    many = torch.randn(cpu_dequant.DENSE_MIN_ROWS["int4-w4a8"], layer.in_features
+                       ).to(torch.bfloat16)
     assert not torch.equal(layer(many)[:4], cpu_w4a8.matmul(many, tiles, layer.w4a8_scale_min
                                                             .view(torch.float16), 2)[:4])
     layer.detach_w4a8()
     assert not layer.w4a8 and "w4a8_codes" not in dict(layer.named_buffers())
-    assert torch.equal(layer(x), before)
+    assert torch.equal(layer(x), before) and layer.cpu_kind == "int4"
 
 
 def test_the_ops_copy_follows_a_reload_and_dtype_moves():
