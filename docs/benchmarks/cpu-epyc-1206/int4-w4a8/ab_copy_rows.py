@@ -15,7 +15,8 @@ import json
 import os
 import statistics
 import sys
-import time
+
+from common import into_decode, paired_steps
 
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
@@ -70,25 +71,10 @@ def main() -> None:
     out = {"load_start": os.getloadavg(), "prompt_tokens": prompt, "steps": steps,
            "piece_rows": rows, "batches": {}}
     params = SamplingParams(max_tokens=steps + 8, ignore_eos=True, temperature=0)
-    names = list(engines)
     for b in batches:
         for n, eng in engines.items():
-            for i in range(b):  # distinct prompts; all prefilled before the timed steps
-                eng.add_request(f"{n}-{b}-{i}", [(7 * i + j) % 4000 + 10 for j in range(prompt)],
-                                params)
-            while eng.scheduler.waiting or any(not s.is_decode for s in eng.scheduler.running):
-                eng.step()
-            for _ in range(3):
-                eng.step()  # warm
-        times = {n: [] for n in names}
-        for r in range(steps):
-            for n in (names if r % 2 == 0 else names[::-1]):
-                t0 = time.perf_counter()
-                engines[n].step()
-                times[n].append((time.perf_counter() - t0) * 1e3)
-        for eng in engines.values():
-            while eng.has_unfinished():
-                eng.step()
+            into_decode(eng, n, b, prompt, params)
+        times = paired_steps(engines, steps)
         row = {n: round(statistics.median(t), 3) for n, t in times.items()}
         row["new_faster_rounds"] = sum(a < o for a, o in zip(times[new], times[old]))
         out["batches"][b] = row

@@ -14,7 +14,8 @@ import json
 import os
 import statistics
 import sys
-import time
+
+from common import into_decode, paired_steps
 
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
@@ -41,23 +42,8 @@ def main() -> None:
     params = SamplingParams(max_tokens=steps + 8, ignore_eos=True, temperature=0)
     for b in batches:
         for n, eng in engines.items():
-            for i in range(b):  # distinct prompts; all prefilled before the timed steps
-                eng.add_request(f"{n}-{b}-{i}", [(7 * i + j) % 4000 + 10 for j in range(prompt)],
-                                params)
-            while eng.scheduler.waiting or any(not s.is_decode for s in eng.scheduler.running):
-                eng.step()
-            for _ in range(3):
-                eng.step()  # warm
-        times = {n: [] for n in names}
-        for r in range(steps):
-            order = names[r % 3:] + names[:r % 3]
-            for n in order:
-                t0 = time.perf_counter()
-                engines[n].step()
-                times[n].append((time.perf_counter() - t0) * 1e3)
-        for eng in engines.values():
-            while eng.has_unfinished():
-                eng.step()
+            into_decode(eng, n, b, prompt, params)
+        times = paired_steps(engines, steps)
         row = {n: {"median_ms": round(statistics.median(t), 3)} for n, t in times.items()}
         for n in ("int8", "int8x2"):
             row[n]["faster_rounds"] = sum(a < m for a, m in zip(times[n], times["model"]))

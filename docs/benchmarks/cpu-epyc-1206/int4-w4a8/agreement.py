@@ -12,12 +12,9 @@ import json
 import statistics
 
 import torch
+from common import op_layers
 
-from backend.engine.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
 from backend.layers import cpu_w4a8
-from backend.layers.linear import Int4Linear
-from backend.weights.loader import load_model_source
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -25,12 +22,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main() -> None:
-    eng = LLMEngine(EngineConfig(cpu_int4_activations="int8x2", cpu_aot_kernels="build",
-                                 kv_cache_memory_gib=0.1, max_model_len=256, max_num_seqs=16),
-                    load_model_source("smollm2-135m-instruct"))
-    layers = [m for layer in eng.runner.model.layers for m in layer.modules()
-              if isinstance(m, Int4Linear)]
-    assert all(m.w4a8 and m.prefill_weight is not None for m in layers)
+    eng, layers = op_layers("int8x2", copies=True)
     gen = torch.Generator().manual_seed(0)
     diffs = {k: [] for k in ("model_vs_copy", "int8x2_vs_copy", "int8x2_vs_model",
                              "model_vs_float", "int8x2_vs_float", "copy_vs_float")}

@@ -15,23 +15,15 @@ import sys
 import time
 
 import torch
+from common import op_layers
 
-from backend.engine.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
 from backend.layers import cpu_w4a8
-from backend.layers.linear import Int4Linear
-from backend.weights.loader import load_model_source
 
 
 def main() -> None:
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     rows = [int(r) for r in (sys.argv[2] if len(sys.argv) > 2 else "8,12,16,24,32").split(",")]
-    eng = LLMEngine(EngineConfig(cpu_int4_activations="int8x2", cpu_aot_kernels="build",
-                                 kv_cache_memory_gib=0.1, max_model_len=256, max_num_seqs=16),
-                    load_model_source("smollm2-135m-instruct"))
-    layers = [m for layer in eng.runner.model.layers for m in layer.modules()
-              if isinstance(m, Int4Linear)]
-    assert all(m.w4a8 and m.prefill_weight is not None for m in layers)
+    eng, layers = op_layers("int8x2", copies=True)
 
     def op(m, x):
         return cpu_w4a8.matmul(x, m.w4a8_codes, m.w4a8_scale_min.view(torch.float16), 2)

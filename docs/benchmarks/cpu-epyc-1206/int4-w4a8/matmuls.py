@@ -14,23 +14,15 @@ import sys
 import time
 
 import torch
+from common import op_layers
 
-from backend.engine.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
 from backend.layers import cpu_w4a8
-from backend.layers.linear import Int4Linear
-from backend.weights.loader import load_model_source
 
 
 def main() -> None:
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     rows = [int(r) for r in (sys.argv[2] if len(sys.argv) > 2 else "1,2,4,8,16").split(",")]
-    eng = LLMEngine(EngineConfig(cpu_int4_activations="int8", cpu_aot_kernels="build",
-                                 kv_cache_memory_gib=0.1, max_model_len=256, max_num_seqs=16),
-                    load_model_source("smollm2-135m-instruct"))
-    layers = [m for layer in eng.runner.model.layers for m in layer.modules()
-              if isinstance(m, Int4Linear)]
-    assert all(m.w4a8 for m in layers), eng.runner.aot_kernels.int4_w4a8
+    eng, layers = op_layers("int8")
 
     # each way's tensors bound once, as the engine's compiled pieces hold them
     bound = [(m.packed, m.group_size, m.scale_zero, m.w4a8_codes,
