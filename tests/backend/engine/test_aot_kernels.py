@@ -319,6 +319,12 @@ def test_int4_layers_run_the_int4_x_int8_op(cache, monkeypatch):
     assert eng.runner.model.few_rows_layers is not None  # the pieces call it
     # ... up to the op's own switch to the dense copies, later than torch's kernel's
     assert status_rows(eng) == [2, cpu_dequant.few_rows_limit("int4-w4a8") - 1] == [2, 31]
+    model = eng.runner.model  # a decode step of 12 rows (torch's kernel: eager) runs them
+    model.few_rows_layers = spy = Counting(model.few_rows_layers)
+    eng.generate([[5 + i, 9, 13] for i in range(12)],
+                 SamplingParams(max_tokens=3, ignore_eos=True, temperature=0))
+    assert spy.calls == 2  # the two decode steps; the 36-token prefill runs eager
+    model.few_rows_layers = spy.kernel
     proc = build_command(cache, DEFAULT_FLAGS)  # make model's command: the op is built
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "\nint4 x int8 op: loaded: " in proc.stdout, proc.stdout
