@@ -65,7 +65,7 @@ def kernels_dir() -> Path:
 
 
 def attach(model: LlamaModel, attn: Attention, mode: str,
-           int4_activations: str = "model") -> AotKernels:
+           int4_activations: str) -> AotKernels:
     """Gives the model on the CPU its compiled one-token kernels, per ``mode``, after the
     step ops are chosen (compiled step ops get none): the int4 layers' int4 x int8 op
     where ``int4_activations`` asks for it (int8x2 / int8), first, as the layer pieces call

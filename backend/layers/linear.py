@@ -788,10 +788,11 @@ class Int4Linear(_QuantizedLinear):
             codes, scale_min = self.w4a8_codes, self.w4a8_scale_min.view(torch.float16)
             parts = self.w4a8_parts
             return self._with_bias(lambda x: cpu_w4a8.matmul(x, codes, scale_min, parts),
-                                   "int4-w4a8")
+                                   self.cpu_kind)
         packed, scale_zero, G = self.packed, self.scale_zero, self.group_size
         return self._with_bias(
-            lambda x: torch._weight_int4pack_mm_for_cpu(x, packed, G, scale_zero), "int4")
+            lambda x: torch._weight_int4pack_mm_for_cpu(x, packed, G, scale_zero),
+            self.cpu_kind)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         G = self.group_size

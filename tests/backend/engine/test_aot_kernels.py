@@ -45,10 +45,6 @@ def build_command(cache, flags: dict[str, str] = FLAGS, **env: str
         env=dict(os.environ, FIRSTTOKEN_CACHE=str(cache), **env))
 
 
-def status_rows(eng: LLMEngine) -> list[int]:
-    return eng.stats().cpu_aot_kernels["few_rows_layers"]["rows"]
-
-
 def greedy(eng: LLMEngine) -> list[list[int]]:
     # one prompt at a time: every decode step's head call is one row
     return [eng.generate([p], SamplingParams(max_tokens=12, ignore_eos=True, temperature=0))[0]
@@ -180,7 +176,8 @@ def test_off_and_heads_without_one_run_torchs_kernels(cache, monkeypatch):
     model = loaded.runner.model
     assert model.lm_head.one_row is not None
     model.compiled_pieces = ["LlamaModel.head"]
-    result = aot_kernels.attach(model, loaded.runner.attn, "auto")
+    result = aot_kernels.attach(model, loaded.runner.attn, "auto",
+                                FLAGS["cpu_int4_activations"])
     assert (result.lm_head, model.lm_head.one_row) == ("not used", None)
     assert "--compile" in result.reason
     dense = LLMEngine(EngineConfig(cpu_aot_kernels="build", kv_cache_memory_gib=0.01,
@@ -318,7 +315,8 @@ def test_int4_layers_run_the_int4_x_int8_op(cache, monkeypatch):
     assert all(m.w4a8 and m.kernel == "cpu-int4-w4a8x2" for m in layers)
     assert eng.runner.model.few_rows_layers is not None  # the pieces call it
     # ... up to the op's own switch to the dense copies, later than torch's kernel's
-    assert status_rows(eng) == [2, cpu_dequant.few_rows_limit("int4-w4a8") - 1] == [2, 31]
+    rows = eng.stats().cpu_aot_kernels["few_rows_layers"]["rows"]
+    assert rows == [2, cpu_dequant.few_rows_limit("int4-w4a8") - 1] == [2, 31]
     model = eng.runner.model  # a decode step of 12 rows (torch's kernel: eager) runs them
     model.few_rows_layers = spy = Counting(model.few_rows_layers)
     eng.generate([[5 + i, 9, 13] for i in range(12)],
