@@ -134,7 +134,7 @@ def profile_batch(engine: LLMEngine, last: _LastStep, batch: int, a: argparse.Na
         last.reset()
         prof.start(CaptureJob(a.steps, a.out, lambda r: (box.append(r), done.set()),
                               name=f"trace-b{batch}", cuda=device.type == "cuda"))
-        for _ in range(a.steps):
+        while prof.busy:  # the counted steps, after a lead step on CUDA
             prof.run_step(engine.step)
         if not done.wait(600):
             raise RuntimeError("the capture's export did not finish")

@@ -45,6 +45,7 @@ class CaptureJob:
     name: str = "profile"
     cuda: bool = False  # profile CUDA activities (CUPTI) too
     started_ns: int | None = None
+    lead_steps: int = 0  # steps run under the profiler before the counted ones
     step_s: list[float] = field(default_factory=list)
     stop_requested: bool = False
 
@@ -113,6 +114,10 @@ class StepProfiler:
                 self._recent.append(time.perf_counter() - t0)
         if self._prof is None:
             self._begin(job)
+            if job.cuda:
+                job.lead_steps = 1
+                with record_function(ranges.LEAD_RANGE):
+                    return step()
         t0 = time.perf_counter()
         try:
             with record_function(ranges.STEP_RANGE):
@@ -171,6 +176,7 @@ class StepProfiler:
         return {
             "steps_requested": job.steps,
             "steps_captured": len(job.step_s),
+            "lead_steps": job.lead_steps,
             "stopped_early": job.stop_requested,
             "step_ms_outside": before,
             "step_ms_during": during,

@@ -11,6 +11,10 @@ import contextlib
 from typing import Callable, ContextManager
 
 STEP_RANGE = "engine_step"  # one per profiled engine step: the trace counts steps by it
+# The step a CUDA capture runs before its counted steps: with overlap scheduling the GPU is
+# still on that step's work when the first counted step starts, and a profiler records only
+# work launched while it runs, so without it that busy time would look idle.
+LEAD_RANGE = "engine_step_lead"
 STAGES = ("schedule", "prepare", "forward", "attention", "sample", "detokenize")
 
 _NOOP = contextlib.nullcontext()

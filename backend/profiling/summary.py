@@ -10,6 +10,9 @@ Input-agnostic and standard library only: ``chrome_trace`` (torch.profiler trace
   range the step thread was in while the GPU waited, so the verdict can name its owner;
 * memcpy share = (HtoD + DtoH copy time) / (kernel + all memory-operation time) -- < 3%;
 * kernels per step (report only; many launches under 10 us point at launch overhead);
+* kernel-busy (``kernel_busy_pct``) = the time the GPU ran something inside the counted steps'
+  wall span / that span: unlike the gap ratio, GPU idle before the first activity or after
+  the last one counts, so a host that starves the GPU at a capture's edges shows;
 * top kernels by time and the time per named range.
 """
 from __future__ import annotations
@@ -164,17 +167,39 @@ def range_table(spans: list[Span], steps: int | None) -> dict[str, dict]:
     return dict(sorted(out.items(), key=lambda kv: kv[1]["total_ms"], reverse=True))
 
 
-def clip_to_steps(activities: list[Activity], spans: list[Span]
-                  ) -> tuple[list[Activity], list[Span]]:
-    """Only what starts inside the captured steps (first step's start .. last step's end).
-    A step ends with a host sync, so its kernels are done by then; what a profiler still
-    records while it stops belongs to later steps. No step ranges (nsys): unchanged."""
+def steps_window(spans: list[Span]) -> tuple[float, float] | None:
+    """(first counted step's start, last one's end) in ns; None without step ranges (nsys)."""
     marks = [s for s in spans if s.name == STEP_RANGE]
     if not marks:
+        return None
+    return min(s.start_ns for s in marks), max(s.end_ns for s in marks)
+
+
+def clip_to_steps(activities: list[Activity], spans: list[Span]
+                  ) -> tuple[list[Activity], list[Span]]:
+    """Only what starts inside the counted steps (first step's start .. last step's end):
+    what a profiler still records while it stops belongs to later steps, and a lead step's
+    ranges are not counted. No step ranges (nsys): unchanged."""
+    window = steps_window(spans)
+    if window is None:
         return activities, spans
-    lo, hi = min(s.start_ns for s in marks), max(s.end_ns for s in marks)
+    lo, hi = window
     return ([a for a in activities if lo <= a.start_ns < hi],
             [s for s in spans if lo <= s.start_ns < hi])
+
+
+def busy_in_window(activities: list[Activity], lo: float, hi: float) -> tuple[float, int]:
+    """(ns during which each device ran something inside [lo, hi), summed over devices; the
+    number of devices). Activities that straddle an edge count for their part inside: with
+    overlap scheduling the first counted step starts while the GPU still runs the step
+    before it (recorded thanks to the lead step), and the last step's work runs past its end."""
+    per_device: dict[str, list[tuple[float, float]]] = {}
+    for a in activities:
+        s, e = max(a.start_ns, lo), min(a.end_ns, hi)
+        if s < e:
+            per_device.setdefault(a.device, []).append((s, e))
+    return (sum(e - s for iv in per_device.values() for s, e in merge(iv)),
+            len(per_device))
 
 
 def step_thread_spans(spans: list[Span]) -> list[Span]:
@@ -192,6 +217,8 @@ def build_report(activities: list[Activity], spans: list[Span], steps: int | Non
     activity (a CPU run), shown where the GPU numbers are null."""
     if steps is None:
         steps = sum(1 for s in spans if s.name == STEP_RANGE) or None
+    window = steps_window(spans)
+    busy_in_steps = busy_in_window(activities, *window) if window and activities else None
     activities, spans = clip_to_steps(activities, spans)
     reasons: dict[str, str] = {}
     kernels = [a for a in activities if a.kind == KERNEL]
@@ -230,6 +257,10 @@ def build_report(activities: list[Activity], spans: list[Span], steps: int | Non
         "reasons": reasons,
         "window_ms": gaps["window_ns"] / 1e6 if gaps else None,
         "gpu_idle_ms": idle / 1e6 if gaps else None,
+        # the counted steps' wall span and, per device, the time the GPU ran something in it
+        "steps_window_ms": (window[1] - window[0]) / 1e6 if window else None,
+        "gpu_busy_in_steps_ms": busy_in_steps[0] / 1e6 if busy_in_steps else None,
+        "gpu_busy_devices": busy_in_steps[1] if busy_in_steps else 0,
         "devices": gaps["devices"] if gaps else 0,
         "kernels": len(kernels),
         "short_kernels": sum(1 for a in kernels if a.end_ns - a.start_ns < SHORT_KERNEL_NS),
@@ -248,14 +279,16 @@ def build_report(activities: list[Activity], spans: list[Span], steps: int | Non
 
 
 def kernel_busy_pct(report: dict) -> tuple[float | None, str | None]:
-    """(GPU-busy union of kernels, copies and memsets over the captured steps' wall time, in
-    percent; None and why when the capture cannot say) of a capture's report."""
-    cap = report.get("capture") or {}
-    wall_ms = (cap.get("step_ms_during") or 0) * (cap.get("steps_captured") or 0)
-    if report.get("window_ms") is None or not wall_ms:
+    """(The time the GPU ran a kernel, copy or memset inside the counted steps' wall span
+    (first step's start to last step's end), over that span, in percent; None and why when
+    the capture cannot say) of a capture's report."""
+    busy, wall_ms = report.get("gpu_busy_in_steps_ms"), report.get("steps_window_ms")
+    if busy is None or not wall_ms:
         reasons = dict.fromkeys(report.get("reasons", {}).values())  # each once, in order
+        if wall_ms is None and report.get("window_ms") is not None:
+            reasons = {"the capture has no engine_step ranges": None}
         return None, "; ".join(reasons) or "empty capture"
-    return 100 * (report["window_ms"] - report["gpu_idle_ms"]) / wall_ms, None
+    return 100 * busy / (wall_ms * report["gpu_busy_devices"]), None
 
 
 def verdicts(r: dict) -> list[str]:

@@ -6,6 +6,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
@@ -14,7 +15,7 @@ from backend.profiling import chrome_trace, ranges
 from backend.profiling.capture import CPU_REASON, CaptureJob, StepProfiler
 
 
-def capture(prof: StepProfiler, steps: int, out: Path
+def capture(prof: StepProfiler, steps: int, out: Path, cuda: bool = False
             ) -> tuple[CaptureJob, list, threading.Event]:
     got: list = []
     done = threading.Event()
@@ -22,7 +23,7 @@ def capture(prof: StepProfiler, steps: int, out: Path
     def deliver(result: object) -> None:
         got.append(result)
         done.set()
-    job = CaptureJob(steps, out, deliver)
+    job = CaptureJob(steps, out, deliver, cuda=cuda)
     prof.start(job)
     return job, got, done
 
@@ -73,6 +74,38 @@ def test_ranges_around_sleeps(tmp_path):
     assert sched["mean_ms"] >= 20 and sample["mean_ms"] >= 5 and whole["mean_ms"] >= 35
     trace = chrome_trace.load(r["trace"])
     assert sum(s.name == "engine_step" for s in trace.spans) == 2
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")  # the CPU build: CPU events only
+def test_a_cuda_capture_runs_one_lead_step_first(tmp_path):
+    """With overlap scheduling the GPU still runs the previous step's work when a counted
+    step starts; the lead step launches that work under the profiler. It is not counted:
+    its range lies before the counted steps' window."""
+    seen: list[int] = []
+
+    def step() -> None:
+        seen.append(len(seen))
+        with ranges.stage("sample"):
+            time.sleep(0.002)
+
+    prof = StepProfiler()
+    job, got, done = capture(prof, 2, tmp_path, cuda=True)
+    for _ in range(4):  # lead + 2 counted; the fourth runs outside the capture
+        prof.run_step(step)
+    assert done.wait(60)
+    r = got[0]
+    assert not isinstance(r, BaseException), r
+    assert r["capture"]["lead_steps"] == 1 and r["capture"]["steps_captured"] == 2
+    assert r["steps"] == 2 and r["ranges"]["sample"]["calls"] == 2
+    assert "engine_step_lead" not in r["ranges"]
+    spans = chrome_trace.load(r["trace"]).spans
+    lead = [s for s in spans if s.name == "engine_step_lead"]
+    counted = [s for s in spans if s.name == "engine_step"]
+    assert len(lead) == 1 and len(counted) == 2
+    assert lead[0].end_ns <= min(s.start_ns for s in counted)
+    assert r["steps_window_ms"] == pytest.approx(
+        (max(s.end_ns for s in counted) - min(s.start_ns for s in counted)) / 1e6)
+    assert seen == [0, 1, 2, 3]
 
 
 def test_stop_before_any_step_reports_idle(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from backend.profiling import chrome_trace
 from backend.profiling.summary import OUTSIDE, UNNAMED, Activity, Span, attribute_gaps, \
-    build_report, gap_stats, render
+    build_report, gap_stats, kernel_busy_pct, render
 
 
 def x(cat: str, name: str, ts: float, dur: float, **extra) -> dict:
@@ -116,3 +116,38 @@ def test_only_what_starts_inside_the_captured_steps_counts():
     r = build_report(acts, spans)
     assert r["kernels"] == 1 and r["window_ms"] == pytest.approx(80 / 1e6)
     assert r["kernel_gap_ratio"] == 0.0 and "detokenize" not in r["ranges"]
+
+
+def test_kernel_busy_counts_the_steps_edges():
+    """Two counted steps span 0..200 ns after a lead step. The lead step's kernel still runs
+    when the first counted step starts (overlap scheduling) and the last step's kernel runs
+    past the window's end: each counts for its part inside. The GPU idles 30..40, 90..120
+    and 180..190: busy 30 + 50 + 60 + 10 = 150 of 200."""
+    spans = [Span("engine_step_lead", -100, -5, "1"), Span("engine_step", 0, 100, "1"),
+             Span("engine_step", 110, 200, "1")]
+    acts = [Activity("kernel", "lead", -50, 30), Activity("kernel", "a", 40, 90),
+            Activity("kernel", "b", 120, 180), Activity("kernel", "c", 190, 260)]
+    r = build_report(acts, spans)
+    assert r["steps"] == 2 and r["steps_window_ms"] == pytest.approx(200 / 1e6)
+    assert r["gpu_busy_in_steps_ms"] == pytest.approx(150 / 1e6)
+    assert kernel_busy_pct(r) == (pytest.approx(75.0), None)
+    # the gap ratio keeps to what starts inside the window: 40..260 with 30 + 10 idle
+    assert r["kernels"] == 3 and r["window_ms"] == pytest.approx(220 / 1e6)
+    assert r["gpu_idle_ms"] == pytest.approx(40 / 1e6)
+
+
+def test_kernel_busy_idle_edges_count_and_devices_average():
+    """A host that starts the GPU late in the window shows in kernel-busy, not in the gap
+    ratio (which starts at the first activity); two devices are averaged."""
+    spans = [Span("engine_step", 0, 100, "1")]
+    acts = [Activity("kernel", "k", 60, 100, "0"), Activity("kernel", "k", 0, 100, "1")]
+    r = build_report(acts, spans)
+    assert r["kernel_gap_ratio"] == 0.0 and r["gpu_busy_devices"] == 2
+    assert kernel_busy_pct(r) == (pytest.approx(70.0), None)
+
+
+def test_kernel_busy_needs_step_ranges_and_gpu_work():
+    no_steps = build_report([Activity("kernel", "k", 0, 10)], [], steps=1)
+    assert kernel_busy_pct(no_steps) == (None, "the capture has no engine_step ranges")
+    cpu_only = build_report([], [Span("engine_step", 0, 10)], no_gpu_reason="CPU build")
+    assert kernel_busy_pct(cpu_only) == (None, "CPU build")
