@@ -2,7 +2,8 @@
 # One device call (H200 only; ANY_GPU=1: whichever came): the sweep of "TTFT against batch size
 # on the H200" with an int8 KV cache at batch 8-128, with 20 engine steps profiled live per
 # batch size (kernel-busy); each batch size's capture summary is kept as
-# int8/steps/batch-NNN/profile.json and its idle gaps' owners printed.
+# int8/steps/batch-NNN/profile.json and its idle gaps' owners printed. The capture starts one
+# lead step early (the work in flight when its first counted step starts is recorded).
 #   [ANY_GPU=1] [BATCHES=8,16,32,64,128] bash docs/benchmarks/gpu-sweep/exact-prompts/int8-kernel-busy/call.sh
 set -u
 n=$(nvidia-smi --query-gpu=name --format=csv,noheader)
@@ -20,8 +21,14 @@ import glob, json, sys
 for p in sorted(glob.glob(sys.argv[1] + "/batch-*/profile.json")):
     r = json.load(open(p))
     owners = {k: round(v["idle_ms"], 2) for k, v in list(r["gap_owners"].items())[:4]}
-    print(p.split("/")[-2], "steps", r["steps"], "window_ms", round(r["window_ms"] or 0, 1),
-          "idle_ms", round(r["gpu_idle_ms"] or 0, 2), "kernels/step",
+    c = r.get("capture") or {}
+    print(p.split("/")[-2], "steps", r["steps"], "lead", c.get("lead_steps"),
+          "steps_window_ms", round(r.get("steps_window_ms") or 0, 1),
+          "busy_in_steps_ms", round(r.get("gpu_busy_in_steps_ms") or 0, 1),
+          "gpu_span_ms", round(r["window_ms"] or 0, 1),
+          "idle_in_span_ms", round(r["gpu_idle_ms"] or 0, 2),
+          "step_ms_during/outside", round(c.get("step_ms_during") or 0, 2),
+          round(c.get("step_ms_outside") or 0, 2), "kernels/step",
           round(r["kernels_per_step"] or 0), "idle by range", owners)
 EOF
 tar czf $OUT/sweep-results.tgz -C $OUT --exclude="*.jsonl" --exclude="profiles" int8 && rm -rf $OUT/int8
