@@ -133,9 +133,12 @@ def cpu_copy_crossover(model: str, weights: str, reps: int) -> list[dict]:
     from backend.layers.linear import Int4Linear, Int8Linear
     from backend.weights.loader import load_model_source
 
+    # torch's int4 kernel, whose packing the int4 x int8 op would replace: the op's own
+    # crossover is docs/benchmarks/cpu-epyc-1206/int4-w4a8/crossover.py's
     engine = LLMEngine(EngineConfig(weights_dtype=weights, prefill_dense_weights="on",
                                     kv_cache_memory_gib=0.05, max_model_len=256,
-                                    enable_prefix_caching=False), load_model_source(model))
+                                    enable_prefix_caching=False, cpu_int4_activations="model"),
+                       load_model_source(model))
     layers = [m for m in engine.runner.model.layers.modules()
               if isinstance(m, (Int4Linear, Int8Linear)) and m.prefill_weight is not None]
     if not layers:

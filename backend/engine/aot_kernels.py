@@ -116,7 +116,10 @@ def attach_int4_w4a8(model: LlamaModel, mode: str, activations: str) -> dict:
     for layer in serves:
         if not layer.w4a8:  # the checked one is attached already
             layer.attach_w4a8(parts)
-    return {**status, "layers": len(serves), "activations": activations}
+    # Checked and attached everywhere: torch's packing of the same codes is not needed
+    freed = sum(layer.release_torch_packing() for layer in serves)
+    return {**status, "layers": len(serves), "activations": activations,
+            "torch_packing_freed_bytes": freed}
 
 
 def _checked_w4a8(directory: Path, layer: Int4Linear, parts: int) -> bool:

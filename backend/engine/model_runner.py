@@ -4,6 +4,7 @@ attention kernel choice.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import time
@@ -66,6 +67,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def return_freed_heap() -> bool:
+    """Hands the C heap's free pages back to the OS (glibc's ``malloc_trim``; False where
+    there is none). Loading frees many blocks under malloc's mmap threshold (staging
+    buffers; torch's int4 packing where the int4 x int8 op replaced it), which stay in the
+    heap and in the resident size until trimmed: 120 MiB for SmolLM2 on the CPU."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, source, max_model_len: int,
                  nvtx: NvtxRanges, model: LlamaModel | None = None) -> None:
@@ -118,6 +132,7 @@ class ModelRunner:
                                                                config.cpu_int4_activations)
         if self.attn.cpu_decode is not None:  # decode rows run our kernel, prefill SDPA
             self.attention_kernel = f"{self.attention_kernel}+{cpu_paged_decode.KERNEL_NAME}"
+        return_freed_heap()
         # [max_num_seqs] long: the latest step's sampled ids, where the next step's inputs
         # read tokens the host has not seen yet (a fixed buffer: CUDA graphs read it too)
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,

@@ -61,14 +61,14 @@ CHUNK_ELEMENTS = 1 << 22  # weights dequantised at once: 8 MiB of bf16 scratch a
 
 # A nibble q becomes a float exactly by writing it into the low mantissa bits of a power of
 # two (2^m + q), then subtracting 2^m + 8 gives q - 8 with no rounding: (int view, bits, 2^m).
-_MAGIC = {torch.bfloat16: (torch.int16, 0x4300, 128.0),
+NIBBLE_BITS = {torch.bfloat16: (torch.int16, 0x4300, 128.0),
           torch.float16: (torch.int16, 0x6400, 1024.0),
           torch.float32: (torch.int32, 0x4B000000, 8388608.0)}
 
 _local = threading.local()
 
 
-def _scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A per-thread buffer of ``shape`` (contents undefined), grown when too small."""
     bufs = _local.__dict__.setdefault("bufs", {})
     n = 1
@@ -84,12 +84,14 @@ def _scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     return buf[:n].view(shape)
 
 
-def _row_blocks(n_rows: int, in_features: int, align: int) -> list[tuple[int, int]]:
+def row_blocks(n_rows: int, in_features: int, align: int) -> list[tuple[int, int]]:
+    """(n0, n1) blocks of output rows, multiples of ``align``, of about ``CHUNK_ELEMENTS``
+    weights each: what one dequantising pass writes at once."""
     step = max(align, (CHUNK_ELEMENTS // in_features) // align * align)
     return [(a, min(a + step, n_rows)) for a in range(0, n_rows, step)]
 
 
-def _blockwise(x: torch.Tensor, n_rows: int, blocks: list[tuple[int, int]], fn
+def blockwise(x: torch.Tensor, n_rows: int, blocks: list[tuple[int, int]], fn
                ) -> torch.Tensor:
     """y [T, N] from fn(n0, n1) -> y[:, n0:n1]; one block returns fn's result itself."""
     if len(blocks) == 1:
@@ -114,11 +116,11 @@ def widened_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     N, K = w.shape
 
     def block(n0: int, n1: int) -> torch.Tensor:
-        buf = _scratch("w", (n1 - n0, K), x.dtype)
+        buf = scratch("w", (n1 - n0, K), x.dtype)
         buf.copy_(w[n0:n1])
         return F.linear(x, buf)
 
-    return _blockwise(x, N, _row_blocks(N, K, 1), block)
+    return blockwise(x, N, row_blocks(N, K, 1), block)
 
 
 def onednn_weight(w: torch.Tensor) -> torch.Tensor | None:
@@ -210,7 +212,7 @@ def _unpack(packed: torch.Tensor, N: int, K: int, block: int) -> torch.Tensor:
 Alloc = Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor]
 
 
-def _fresh(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def fresh(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype)
 
 
@@ -221,7 +223,7 @@ def _int4_block_t(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: in
     the kept dense copy compute it, so the two give the same bits."""
     N, K = packed.shape[0], packed.shape[1] * 2
     G, B = group_size, int4_block_n()
-    int_dtype, bits, base = _MAGIC[dtype]
+    int_dtype, bits, base = NIBBLE_BITS[dtype]
     p = packed.view(N // B, K, B // 2)
     nb = (n1 - n0) // B
     src = p[n0 // B:n1 // B].permute(1, 0, 2)  # [K, nb, B / 2] bytes
@@ -249,9 +251,9 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
     N, K = packed.shape[0], packed.shape[1] * 2
 
     def block(n0: int, n1: int) -> torch.Tensor:
-        return x @ _int4_block_t(packed, scale_zero, group_size, n0, n1, x.dtype, _scratch)
+        return x @ _int4_block_t(packed, scale_zero, group_size, n0, n1, x.dtype, scratch)
 
-    return _blockwise(x, N, _row_blocks(N, K, int4_block_n()), block)
+    return blockwise(x, N, row_blocks(N, K, int4_block_n()), block)
 
 
 def int4_dense_t(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int,
@@ -261,6 +263,6 @@ def int4_dense_t(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int
     in the same blocks through fresh buffers, so the loading thread keeps no scratch."""
     N, K = packed.shape[0], packed.shape[1] * 2
     out = torch.empty(K, N, dtype=dtype)
-    for n0, n1 in _row_blocks(N, K, int4_block_n()):
-        out[:, n0:n1] = _int4_block_t(packed, scale_zero, group_size, n0, n1, dtype, _fresh)
+    for n0, n1 in row_blocks(N, K, int4_block_n()):
+        out[:, n0:n1] = _int4_block_t(packed, scale_zero, group_size, n0, n1, dtype, fresh)
     return out

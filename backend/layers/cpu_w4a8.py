@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from backend.layers import cpu_aot
+from backend.layers import cpu_aot, cpu_dequant
 
 SOURCE = Path(__file__).with_name("csrc") / "int4_w4a8_cpu.cpp"
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-fopenmp",
@@ -136,6 +136,78 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
 
     scale_min = torch.stack([blocks(scale), blocks(lo)], dim=2).to(torch.float16).contiguous()
     return tiles, scale_min
+
+
+def unpack(tiles: torch.Tensor, scale_min: torch.Tensor, group_size: int
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``pack``'s inverse: (codes uint8 [N, K], scale [N, K / G], lo [N, K / G] float32,
+    the fp16 values as stored), for a layer that goes back to torch's packing."""
+    nt, k8, _ = tiles.shape
+    kb = k8 // 4
+    b = tiles.view(nt, kb, 4, TILE, 4)
+    c = torch.stack([b & 0x0F, b >> 4], dim=3)              # [nt, kb, 4, 2, 16, 4]
+    codes = c.permute(0, 4, 1, 2, 3, 5).reshape(nt * TILE, kb * BLOCK)
+    sm = scale_min.float().permute(0, 3, 1, 2).reshape(nt * TILE, kb, 2)
+    step = group_size // BLOCK  # a group's blocks share its pair: take the first's
+    return codes, sm[:, ::step, 0].contiguous(), sm[:, ::step, 1].contiguous()
+
+
+def _tiles_t(tiles: torch.Tensor, scale_min: torch.Tensor, t0: int, t1: int,
+             dtype: torch.dtype, alloc: cpu_dequant.Alloc) -> torch.Tensor:
+    """W.T [K, 16 (t1 - t0)] in ``dtype`` for tiles t0..t1, W = codes * scale + lo with the
+    fp16 pairs rounded to ``dtype`` (as torch's int4 packing keeps them) and the codes made
+    exact floats by bits (``cpu_dequant.NIBBLE_BITS``); the one place both the per-call pass
+    and the kept dense copy compute it, so the two give the same bits."""
+    nt, kb = t1 - t0, tiles.shape[1] // 4
+    n = nt * TILE
+    int_dtype, bits, base = cpu_dequant.NIBBLE_BITS[dtype]
+    src = tiles[t0:t1].view(nt, kb, 4, TILE, 4).permute(1, 2, 4, 0, 3)  # [b, o, j, t, r]
+    wide = alloc("w4a8-bytes", (kb, 4, 4, nt, TILE), int_dtype)
+    wide.copy_(src)
+    # k = 32 b + 8 o + 4 h + j down the rows (h: low / high nibble), n = 16 t + r across
+    w = alloc("w4a8-w", (kb, 4, 2, 4, n), dtype)
+    w_bits = w.view(int_dtype)
+    wide = wide.view(kb, 4, 4, n)
+    torch.bitwise_and(wide, 15, out=w_bits[:, :, 0])
+    torch.bitwise_right_shift(wide, 4, out=w_bits[:, :, 1])
+    w_bits.bitwise_or_(bits)  # 2^m + q
+    w.sub_(base)  # q, exact
+    sm = alloc("w4a8-scale-min", (2, kb, n), dtype)
+    sm.view(2, kb, nt, TILE).copy_(scale_min[t0:t1].permute(2, 1, 0, 3))
+    wk = w.view(kb, BLOCK, n)
+    torch.addcmul(sm[1].unsqueeze(1), wk, sm[0].unsqueeze(1), out=wk)
+    return w.view(kb * BLOCK, n)
+
+
+def _tile_blocks(tiles: torch.Tensor) -> list[tuple[int, int]]:
+    nt, k8, _ = tiles.shape
+    return [(a // TILE, b // TILE)
+            for a, b in cpu_dequant.row_blocks(nt * TILE, k8 * 8, TILE)]
+
+
+def dense_t(tiles: torch.Tensor, scale_min: torch.Tensor, dtype: torch.dtype
+            ) -> torch.Tensor:
+    """The whole W.T [K, N] in ``dtype`` from the op's layout, a layer's dense copy where
+    the op's codes are its only ones: ``x @ w`` equals ``dense_matmul``."""
+    nt, k8, _ = tiles.shape
+    out = torch.empty(k8 * 8, nt * TILE, dtype=dtype)
+    for t0, t1 in _tile_blocks(tiles):
+        out[:, t0 * TILE:t1 * TILE] = _tiles_t(tiles, scale_min, t0, t1, dtype,
+                                               cpu_dequant.fresh)
+    return out
+
+
+def dense_matmul(x: torch.Tensor, tiles: torch.Tensor, scale_min: torch.Tensor
+                 ) -> torch.Tensor:
+    """x [T, K] @ W.T -> [T, N] through W dequantised from the op's layout a block of rows
+    at a time: many-row calls of a layer with no torch packing and no dense copy."""
+    def block(n0: int, n1: int) -> torch.Tensor:
+        return x @ _tiles_t(tiles, scale_min, n0 // TILE, n1 // TILE, x.dtype,
+                            cpu_dequant.scratch)
+
+    return cpu_dequant.blockwise(x, tiles.shape[0] * TILE,
+                                 [(t0 * TILE, t1 * TILE) for t0, t1 in _tile_blocks(tiles)],
+                                 block)
 
 
 def dequantize(tiles: torch.Tensor, scale_min: torch.Tensor) -> torch.Tensor:

@@ -687,19 +687,15 @@ class Int4Linear(_QuantizedLinear):
     # with the activations in ``w4a8_parts`` int8 parts per block
     w4a8 = False
     w4a8_parts = 1
+    # Whether torch's packing (``packed``, ``scale_zero``) is kept on the CPU: a layer whose
+    # every call the op and the dense paths serve drops it (``release_torch_packing``)
+    torch_packed = True
 
     def _pack(self, stage: dict[str, torch.Tensor]) -> None:
         codes, scale, lo = stage["codes"], stage["scale"], stage["min"]
         if self.device.type == "cpu":
-            # tinygemm's convention: W = (q - 8) * scale + zero, so zero = min + 8 * scale.
-            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                codes.to(torch.int32), 1))
-            self.register_buffer("scale_zero", (  # [N, K/G, 2] -> [K/G, N, 2]
-                torch.stack([scale, lo + 8 * scale], dim=-1)
-                .transpose(0, 1).contiguous().to(self.dtype)))
-            # Many-token calls dequantise from the packed bytes, if we read their layout.
-            self.dense_from_packed = cpu_dequant.int4_layout_ok(self.packed, codes)
-            self.kernel = "torch._weight_int4pack_mm_for_cpu"
+            if self.torch_packed:
+                self._pack_torch(codes, scale, lo)
             if self.w4a8:  # a reload: the op's copy follows the new codes
                 self._pack_w4a8(codes, scale, lo)
         else:
@@ -710,6 +706,18 @@ class Int4Linear(_QuantizedLinear):
             self.triton = quant_kernels.AVAILABLE and quant_kernels.int4_supported(
                 self.in_features, self.group_size)
             self.kernel = "triton-int4" if self.triton else "dequant+F.linear"
+
+    def _pack_torch(self, codes: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> None:
+        # tinygemm's convention: W = (q - 8) * scale + zero, so zero = min + 8 * scale.
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            codes.to(torch.int32), 1))
+        self.register_buffer("scale_zero", (  # [N, K/G, 2] -> [K/G, N, 2]
+            torch.stack([scale, lo + 8 * scale], dim=-1)
+            .transpose(0, 1).contiguous().to(self.dtype)))
+        # Many-token calls dequantise from the packed bytes, if we read their layout.
+        self.dense_from_packed = cpu_dequant.int4_layout_ok(self.packed, codes)
+        self.kernel = "torch._weight_int4pack_mm_for_cpu"
+        self.torch_packed = True
 
     def _pack_w4a8(self, codes: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> None:
         tiles, scale_min = cpu_w4a8.pack(codes, scale, lo, self.group_size)
@@ -730,6 +738,8 @@ class Int4Linear(_QuantizedLinear):
         ``parts`` int8 parts per block."""
         if not self.w4a8_serves():
             raise ValueError("the int4 x int8 op does not serve this layer")
+        if not self.torch_packed:  # attached already, on its own codes: rebuild from them
+            self.detach_w4a8()
         self.w4a8_parts = parts
         N, K = self.out_features, self.in_features
         codes = cpu_dequant.int4_unpack(self.packed, N, K)
@@ -737,8 +747,29 @@ class Int4Linear(_QuantizedLinear):
         self._pack_w4a8(codes, sz[..., 0], sz[..., 1] - 8 * sz[..., 0])
         Linear.generation += 1
 
+    def release_torch_packing(self) -> int:
+        """Drops torch's packing of an attached layer (its bytes are returned): the op serves
+        the few-row calls, and the dense copy and many-row calls dequantise from the op's
+        codes (``cpu_w4a8.dense_t``), so one packed copy of the codes stays, not two. A kept
+        copy is rebuilt from them: the many-row calls then read the same values with a copy
+        as without (the op keeps its scales in fp16, not torch's bf16 scale / zero)."""
+        if not self.w4a8:
+            raise ValueError("torch's packing serves this layer: the op is not attached")
+        if not self.torch_packed:
+            return 0
+        freed = sum(self._buffers.pop(name).nbytes for name in ("packed", "scale_zero"))
+        self.torch_packed = False
+        if self.prefill_weight is not None:
+            self.prefill_weight = self._build_copy()
+        Linear.generation += 1
+        return freed
+
     def detach_w4a8(self) -> None:
-        """Back to torch's int4 kernel for every call."""
+        """Back to torch's int4 kernel for every call (its packing rebuilt from the op's codes
+        where it was released: the scales as the op stored them, in fp16)."""
+        if not self.torch_packed:
+            self._pack_torch(*cpu_w4a8.unpack(self.w4a8_codes, self._w4a8_scale_min(),
+                                              self.group_size))
         for name in ("w4a8_codes", "w4a8_scale_min"):
             self._buffers.pop(name, None)
         self.w4a8 = False
@@ -751,9 +782,11 @@ class Int4Linear(_QuantizedLinear):
         beats the dense copy up to more rows than torch's kernel does."""
         return "int4-w4a8" if self.w4a8 else "int4"
 
+    def _w4a8_scale_min(self) -> torch.Tensor:
+        return self.w4a8_scale_min.view(torch.float16)
+
     def _w4a8_mm(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_w4a8.matmul(x, self.w4a8_codes, self.w4a8_scale_min.view(torch.float16),
-                               self.w4a8_parts)
+        return cpu_w4a8.matmul(x, self.w4a8_codes, self._w4a8_scale_min(), self.w4a8_parts)
 
     def _dense_copy_possible(self) -> bool:
         return super()._dense_copy_possible() and (self.device.type == "cuda"
@@ -765,15 +798,19 @@ class Int4Linear(_QuantizedLinear):
     def _gpu_dense(self) -> torch.Tensor:
         return gpu_dequant.int4_dense(self.packed, self.scale_min, self.group_size)
 
-    def _dense_for_prefill(self) -> torch.Tensor:
+    def _dense_for_prefill(self) -> torch.Tensor:  # W.T [K, N], the many-row pass's layout
+        if not self.torch_packed:
+            return cpu_w4a8.dense_t(self.w4a8_codes, self._w4a8_scale_min(), self.dtype)
         return cpu_dequant.int4_dense_t(self.packed, self.scale_zero, self.group_size,
-                                        self.dtype)  # W.T [K, N], int4_matmul's layout
+                                        self.dtype)
 
     def copy_matmul(self, x: torch.Tensor) -> torch.Tensor:
         return self._copy_mm(x)  # int4_matmul without its dequantising pass
 
     def dequantized(self) -> torch.Tensor:
         K, G = self.in_features, self.group_size
+        if self.device.type == "cpu" and not self.torch_packed:
+            return cpu_w4a8.dequantize(self.w4a8_codes, self._w4a8_scale_min())
         if self.device.type == "cpu":
             # Read back through the kernel itself: W.T = mm(I, packed) (exact for one-hot rows).
             eye = torch.eye(K, dtype=self.dtype)
@@ -785,7 +822,7 @@ class Int4Linear(_QuantizedLinear):
         if not self._packed_on_cpu():
             return super().few_rows_fn()
         if self.w4a8:
-            codes, scale_min = self.w4a8_codes, self.w4a8_scale_min.view(torch.float16)
+            codes, scale_min = self.w4a8_codes, self._w4a8_scale_min()
             parts = self.w4a8_parts
             return self._with_bias(lambda x: cpu_w4a8.matmul(x, codes, scale_min, parts),
                                    self.cpu_kind)
@@ -801,6 +838,8 @@ class Int4Linear(_QuantizedLinear):
                 y = self.copy_matmul(x)
             elif self.w4a8 and x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int4-w4a8"]:
                 y = self._w4a8_mm(x)
+            elif not self.torch_packed:
+                y = cpu_w4a8.dense_matmul(x, self.w4a8_codes, self._w4a8_scale_min())
             elif x.shape[0] < cpu_dequant.DENSE_MIN_ROWS["int4"] or not self.dense_from_packed:
                 y = torch._weight_int4pack_mm_for_cpu(x, self.packed, G, self.scale_zero)
             else:

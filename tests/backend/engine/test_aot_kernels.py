@@ -313,6 +313,11 @@ def test_int4_layers_run_the_int4_x_int8_op(cache, monkeypatch):
         "reason": "", "path": str(cache / "kernels" / cpu_w4a8.library_name()),
         "layers": len(layers), "activations": "int8x2"}
     assert all(m.w4a8 and m.kernel == "cpu-int4-w4a8x2" for m in layers)
+    # one packed copy of the codes: torch's packing went once the op was attached
+    assert not any(m.torch_packed or "packed" in m._buffers for m in layers)
+    assert status["torch_packing_freed_bytes"] == sum(  # codes [N, K/2], scale|zero pairs
+        m.out_features * (m.in_features // 2 + m.in_features // m.group_size * 2
+                          * m.dtype.itemsize) for m in layers)
     assert eng.runner.model.few_rows_layers is not None  # the pieces call it
     # ... up to the op's own switch to the dense copies, later than torch's kernel's
     rows = eng.stats().cpu_aot_kernels["few_rows_layers"]["rows"]

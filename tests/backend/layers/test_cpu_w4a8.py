@@ -69,6 +69,24 @@ def test_pack_round_trips(N, K, G):
     assert torch.equal(cpu_w4a8.dequantize(tiles, scale_min), want)
 
 
+@pytest.mark.parametrize("N,K,G", [(960, 576, 32), (576, 1536, 64), (48, 128, 128)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dense_weights_from_the_ops_codes(N, K, G, dtype):
+    """A layer without torch's packing dequantises from the op's layout: W.T in ``dtype``,
+    codes * scale + lo with the fp16 pairs rounded to ``dtype``, in one addcmul; the per-call
+    pass (in blocks of rows) multiplies by the same bits; ``unpack`` gives the codes back."""
+    codes, scale, lo = weights(N, K, G)
+    tiles, scale_min = cpu_w4a8.pack(codes, scale, lo, G)
+    s16, l16 = (v.half().to(dtype).repeat_interleave(G, 1) for v in (scale, lo))
+    want = torch.addcmul(l16, codes.to(dtype), s16).t().contiguous()
+    assert torch.equal(cpu_w4a8.dense_t(tiles, scale_min, dtype), want)
+    x = torch.randn(7, K).to(dtype)
+    assert torch.equal(cpu_w4a8.dense_matmul(x, tiles, scale_min), x @ want)
+    got_codes, got_scale, got_lo = cpu_w4a8.unpack(tiles, scale_min, G)
+    assert torch.equal(got_codes, codes)
+    assert torch.equal(got_scale, scale.half().float()) and torch.equal(got_lo, lo.half().float())
+
+
 @pytest.mark.parametrize("parts", [1, 2])
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 9])
 def test_float32_rows_give_the_schemes_product(M, parts):
@@ -180,3 +198,59 @@ def test_the_ops_copy_follows_a_reload_and_dtype_moves():
     layer.to(torch.float32)  # floating buffers move; the scales' fp16 bits do not
     assert torch.equal(layer.w4a8_scale_min, bits)
     assert layer(torch.randn(2, layer.in_features)).dtype == torch.float32
+
+
+def test_released_torch_packing_serves_every_row_count():
+    """Once the op is attached, torch's packing of the same codes goes: the op serves few
+    rows, the dense copy (rebuilt from the op's codes) many, and without a copy many-row
+    calls dequantise from those codes to the same values; detaching rebuilds torch's packing
+    from them."""
+    layer = int4_layer(N=128, K=256)
+    if not layer.w4a8_serves():
+        pytest.skip("torch's int4 packing is in a layout cpu_dequant does not read")
+    gen = torch.Generator().manual_seed(5)
+    xs = {m: torch.randn(m, layer.in_features, generator=gen).to(torch.bfloat16)
+          for m in (4, 40, 160)}
+    torch_kernel = {m: layer(x) for m, x in xs.items()}
+    layer.keep_prefill_dense(True)
+    layer.attach_w4a8(2)
+    before = {m: layer(x) for m, x in xs.items()}
+    with pytest.raises(ValueError, match="not attached"):
+        int4_layer().release_torch_packing()
+    gen_before = Linear.generation
+    freed = layer.release_torch_packing()
+    assert freed == 128 * 128 + (256 // 32) * 128 * 2 * 2 and Linear.generation > gen_before
+    assert not layer.torch_packed and "packed" not in dict(layer.named_buffers())
+    assert layer.release_torch_packing() == 0
+    assert torch.equal(layer(xs[4]), before[4])  # the op's calls as they were
+    tiles, sm = layer.w4a8_codes, layer.w4a8_scale_min.view(torch.float16)
+    assert torch.equal(layer.dequantized(), cpu_w4a8.dequantize(tiles, sm))
+    copy = layer.prefill_weight
+    assert torch.equal(copy.to_dense().t() if copy.is_mkldnn else copy,
+                       cpu_w4a8.dense_t(tiles, sm, torch.bfloat16))
+    with_copy = {m: layer(xs[m]) for m in (40, 160)}
+    # no copy: 160 rows dequantise from the op's codes, to the copy's values
+    layer.keep_prefill_dense(False)
+    many = layer(xs[160])
+    assert torch.equal(many, cpu_w4a8.dense_matmul(xs[160], tiles, sm))
+    assert torch.equal(many, xs[160] @ cpu_w4a8.dense_t(tiles, sm, torch.bfloat16))
+    assert torch.equal(many, with_copy[160])
+    for m, y in with_copy.items():  # torch's bf16 scale / zero against the op's fp16 pairs
+        rel = (y.float() - torch_kernel[m].float()).norm() / torch_kernel[m].float().norm()
+        assert rel.item() < 1e-2
+    layer.keep_prefill_dense(True)
+    # a reload packs the op's codes only; the copy follows them
+    layer.load_rows(slice(None), torch.randn(128, 256, generator=gen))
+    assert layer.w4a8 and not layer.torch_packed and "packed" not in layer._buffers
+    tiles, sm = layer.w4a8_codes, layer.w4a8_scale_min.view(torch.float16)
+    copy = layer.prefill_weight
+    dense = copy.to_dense().t() if copy.is_mkldnn else copy
+    assert torch.equal(dense, cpu_w4a8.dense_t(tiles, sm, torch.bfloat16))
+    # back to torch's kernel: its packing rebuilt from the op's codes and fp16 scales
+    reloaded = layer.dequantized()
+    layer.detach_w4a8()
+    assert layer.torch_packed and not layer.w4a8 and "packed" in layer._buffers
+    # within torch's bf16 roundings of its scales, zeros and their sum (2^-8 each)
+    assert bool(((layer.dequantized() - reloaded).abs() <= (reloaded.abs() + 1) / 64).all())
+    layer.attach_w4a8(1)  # and attached again from it
+    assert torch.equal(layer.w4a8_codes, tiles)

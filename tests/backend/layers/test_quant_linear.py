@@ -155,6 +155,10 @@ def test_model_logits_match_a_dense_model_of_the_dequantised_weights(kind):
     quant = LlamaModel(cfg, CPU, torch.float32, max_len=1024, weight_format=fmt,
                        lm_head_format=fmt)
     assert quant.lm_head.kernel != "dense" and quant.layers[0].down.kernel != "dense"
+    # the engine first: where it attaches the int4 x int8 op, the layers' many-row calls
+    # read the op's codes and fp16 scales from then on, and so does ``dequantized``
+    engine_q = LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, dtype="float32"),
+                         synthetic_source("tiny-qwen2"), model=quant)
     dense = LlamaModel(cfg, CPU, torch.float32, max_len=1024, random_init=False)
     names = dict(quant._destinations())
     dense.load_weights(
@@ -163,8 +167,6 @@ def test_model_logits_match_a_dense_model_of_the_dequantised_weights(kind):
     dense.lm_head = make_linear(WeightFormat(), cfg.vocab_size, cfg.hidden_size, False, CPU,
                                 torch.float32)
     dense.lm_head.load_rows(slice(None), quant.lm_head.dequantized())
-    engine_q = LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, dtype="float32"),
-                         synthetic_source("tiny-qwen2"), model=quant)
     engine_d = LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, dtype="float32"),
                          synthetic_source("tiny-qwen2"), model=dense)
     tokens = list(range(300, 340))

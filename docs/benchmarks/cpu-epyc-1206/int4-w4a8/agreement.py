@@ -7,6 +7,10 @@ for bit; and whether a row's copy output depends on how many rows share the call
 one path to another between two runs.
 
     PYTHONPATH=. python docs/benchmarks/cpu-epyc-1206/int4-w4a8/agreement.py > OUT.json
+
+Since the layers drop torch's packing once the op is attached (their copies rebuilt from the
+op's codes), torch's kernel runs on a packing rebuilt from the op's codes and fp16 pairs, as
+``detach_w4a8`` would (``agreement.json`` is from the tree before, with the file's packing).
 """
 import json
 import statistics
@@ -21,6 +25,18 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+def torch_packing(m) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed, scale_zero) for torch's int4 kernel, from the layer's own packing where it
+    kept one, else from the op's codes."""
+    if m.torch_packed:
+        return m.packed, m.scale_zero
+    codes, scale, lo = cpu_w4a8.unpack(m.w4a8_codes, m.w4a8_scale_min.view(torch.float16),
+                                       m.group_size)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    scale_zero = torch.stack([scale, lo + 8 * scale], dim=-1).transpose(0, 1).contiguous()
+    return packed, scale_zero.to(m.dtype)
+
+
 def main() -> None:
     eng, layers = op_layers("int8x2", copies=True)
     gen = torch.Generator().manual_seed(0)
@@ -33,9 +49,10 @@ def main() -> None:
         for m in layers:
             x = torch.randn(16, m.in_features, generator=gen).to(torch.bfloat16)
             ref = x.double() @ m.dequantized().double().t()
+            packed, scale_zero = torch_packing(m)
             out = {"copy": m.copy_matmul(x),
-                   "model": torch._weight_int4pack_mm_for_cpu(x, m.packed, m.group_size,
-                                                              m.scale_zero),
+                   "model": torch._weight_int4pack_mm_for_cpu(x, packed, m.group_size,
+                                                              scale_zero),
                    "int8x2": cpu_w4a8.matmul(x, m.w4a8_codes,
                                              m.w4a8_scale_min.view(torch.float16), 2)}
             for a, b in (("model", "copy"), ("int8x2", "copy"), ("int8x2", "model")):
@@ -56,7 +73,8 @@ def main() -> None:
         "layers_bit_equal": same,
         "copy_rows_bit_equal_to_16_row_call": copy_rows_same,
         "int8x2_rows_bit_equal_to_16_row_call": op_rows_same,
-        "copy_kernel": layers[0].prefill_kernel()}, indent=1))
+        "copy_kernel": layers[0].prefill_kernel(),
+        "torch_packing_kept": sum(m.torch_packed for m in layers)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,12 @@ from backend.layers.linear import Int4Linear
 from backend.weights.loader import load_model_source
 
 
+def keep_torch_packing() -> None:
+    """The layers keep torch's int4 packing beside the op's codes, as before they dropped it
+    (for the scripts that time torch's kernel on the same layers; call before ``op_layers``)."""
+    Int4Linear.release_torch_packing = lambda self: 0
+
+
 def op_layers(activations: str, copies: bool = False) -> tuple[LLMEngine, list[Int4Linear]]:
     """SmolLM2 on the CPU engine with its int4 layers on the int4 x int8 op in
     ``activations`` parts (built where missing), and those layers; ``copies``: each keeps

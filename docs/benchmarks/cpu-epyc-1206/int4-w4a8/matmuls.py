@@ -14,7 +14,7 @@ import sys
 import time
 
 import torch
-from common import op_layers
+from common import keep_torch_packing, op_layers
 
 from backend.layers import cpu_w4a8
 
@@ -22,6 +22,7 @@ from backend.layers import cpu_w4a8
 def main() -> None:
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     rows = [int(r) for r in (sys.argv[2] if len(sys.argv) > 2 else "1,2,4,8,16").split(",")]
+    keep_torch_packing()  # torch's kernel is timed on the same layers
     eng, layers = op_layers("int8")
 
     # each way's tensors bound once, as the engine's compiled pieces hold them

@@ -1,0 +1,88 @@
+"""One packed copy of the int4 codes where the int4 x int8 op serves (SmolLM2, CPU engine).
+
+  PYTHONPATH=. python docs/benchmarks/cpu-epyc-1206/int4-w4a8/one-packing/one_packing.py \
+      rss [--keep-torch-packing] [--no-trim]  # the engine's resident memory after start,
+                                               # one process a mode
+  PYTHONPATH=. python .../one_packing.py many ROWS ROUNDS
+      # a many-row call without a dense copy, over the 120 int4 layers: dequantised from
+      # torch's packing (before) against from the op's codes (now), alternating
+
+Prints one JSON line.
+"""
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import keep_torch_packing, op_layers  # noqa: E402
+
+from backend.engine import model_runner  # noqa: E402
+from backend.layers import cpu_dequant, cpu_w4a8  # noqa: E402
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kib / 1024
+
+
+def rss(keep: bool, trim: bool) -> dict:
+    if keep:
+        keep_torch_packing()
+    if not trim:  # the tree before: the heap's freed pages stay counted
+        model_runner.return_freed_heap = lambda: False
+    eng, layers = op_layers("int8x2")
+    status = eng.stats().cpu_aot_kernels["int4_w4a8"]
+    after_start = rss_mib()
+    # what the heap still holds freed (counted in RSS until trimmed), trimmed here in any mode
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return {"mode": "torch packing kept" if keep else "released", "runner_trims": trim,
+            "rss_mib_after_start": after_start, "rss_mib_trimmed": rss_mib(),
+            "freed_bytes": status.get("torch_packing_freed_bytes"),
+            "layers": len(layers), "torch_packed": sum(m.torch_packed for m in layers),
+            "torch_threads": torch.get_num_threads()}
+
+
+def many(rows: int, rounds: int) -> dict:
+    keep_torch_packing()
+    _, layers = op_layers("int8x2")
+    gen = torch.Generator().manual_seed(0)
+    xs = {m.in_features: torch.randn(rows, m.in_features, generator=gen).bfloat16()
+          for m in layers}
+    ways = {
+        "torch packing": lambda m, x: cpu_dequant.int4_matmul(x, m.packed, m.scale_zero,
+                                                              m.group_size),
+        "op codes": lambda m, x: cpu_w4a8.dense_matmul(
+            x, m.w4a8_codes, m.w4a8_scale_min.view(torch.float16)),
+    }
+    diffs = []
+    for m in layers:
+        x = xs[m.in_features]
+        a, b = (f(m, x).float() for f in ways.values())
+        diffs.append(((a - b).norm() / a.norm()).item())
+    totals: dict[str, list[float]] = {k: [] for k in ways}
+    names = list(ways)
+    for r in range(rounds):
+        for name in names[r % 2:] + names[:r % 2]:
+            t0 = time.perf_counter()
+            for m in layers:
+                ways[name](m, xs[m.in_features])
+            totals[name].append((time.perf_counter() - t0) * 1e3)
+    return {"rows": rows, "rounds": rounds, "layers": len(layers),
+            "ms_median": {k: statistics.median(v) for k, v in totals.items()},
+            "ms": totals, "relative_difference_median": statistics.median(diffs),
+            "relative_difference_max": max(diffs), "torch_threads": torch.get_num_threads()}
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        if sys.argv[1] == "rss":
+            out = rss("--keep-torch-packing" in sys.argv, "--no-trim" not in sys.argv)
+        else:
+            out = many(int(sys.argv[2]), int(sys.argv[3]))
+    print(json.dumps(out))
