@@ -154,10 +154,12 @@ def unpack(tiles: torch.Tensor, scale_min: torch.Tensor, group_size: int
 
 def _tiles_t(tiles: torch.Tensor, scale_min: torch.Tensor, t0: int, t1: int,
              dtype: torch.dtype, alloc: cpu_dequant.Alloc) -> torch.Tensor:
-    """W.T [K, 16 (t1 - t0)] in ``dtype`` for tiles t0..t1, W = codes * scale + lo with the
-    fp16 pairs rounded to ``dtype`` (as torch's int4 packing keeps them) and the codes made
-    exact floats by bits (``cpu_dequant.NIBBLE_BITS``); the one place both the per-call pass
-    and the kept dense copy compute it, so the two give the same bits."""
+    """W.T [K, 16 (t1 - t0)] in ``dtype`` for tiles t0..t1 in torch's int4 convention,
+    W = (codes - 8) * scale + zero with zero = lo + 8 * scale: the fp16 pairs combined in
+    float32, then rounded to ``dtype``. A zero at the range's middle is small where the
+    weights are, so its rounding costs less than the min's would (``lo`` sits at the range's
+    bottom). The codes become exact floats by bits (``cpu_dequant.NIBBLE_BITS``). The one
+    place both the per-call pass and the kept dense copy compute it: the same bits."""
     nt, kb = t1 - t0, tiles.shape[1] // 4
     n = nt * TILE
     int_dtype, bits, base = cpu_dequant.NIBBLE_BITS[dtype]
@@ -171,11 +173,13 @@ def _tiles_t(tiles: torch.Tensor, scale_min: torch.Tensor, t0: int, t1: int,
     torch.bitwise_and(wide, 15, out=w_bits[:, :, 0])
     torch.bitwise_right_shift(wide, 4, out=w_bits[:, :, 1])
     w_bits.bitwise_or_(bits)  # 2^m + q
-    w.sub_(base)  # q, exact
-    sm = alloc("w4a8-scale-min", (2, kb, n), dtype)
-    sm.view(2, kb, nt, TILE).copy_(scale_min[t0:t1].permute(2, 1, 0, 3))
+    w.sub_(base + 8)  # q - 8, exact
+    pairs = scale_min[t0:t1].permute(2, 1, 0, 3).float()  # [2, b, t, r]: scale, lo
+    sz = alloc("w4a8-scale-zero", (2, kb, n), dtype)
+    sz[0].view(kb, nt, TILE).copy_(pairs[0])
+    sz[1].view(kb, nt, TILE).copy_(torch.addcmul(pairs[1], pairs[0], pairs.new_tensor(8.0)))
     wk = w.view(kb, BLOCK, n)
-    torch.addcmul(sm[1].unsqueeze(1), wk, sm[0].unsqueeze(1), out=wk)
+    torch.addcmul(sz[1].unsqueeze(1), wk, sz[0].unsqueeze(1), out=wk)
     return w.view(kb * BLOCK, n)
 
 

@@ -72,13 +72,16 @@ def test_pack_round_trips(N, K, G):
 @pytest.mark.parametrize("N,K,G", [(960, 576, 32), (576, 1536, 64), (48, 128, 128)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dense_weights_from_the_ops_codes(N, K, G, dtype):
-    """A layer without torch's packing dequantises from the op's layout: W.T in ``dtype``,
-    codes * scale + lo with the fp16 pairs rounded to ``dtype``, in one addcmul; the per-call
-    pass (in blocks of rows) multiplies by the same bits; ``unpack`` gives the codes back."""
+    """A layer without torch's packing dequantises from the op's layout: W.T in ``dtype``
+    in torch's convention, (codes - 8) * scale + zero with zero = lo + 8 * scale from the
+    fp16 pairs in float32, both rounded to ``dtype``, in one addcmul; the per-call pass (in
+    blocks of rows) multiplies by the same bits; ``unpack`` gives the codes back."""
     codes, scale, lo = weights(N, K, G)
     tiles, scale_min = cpu_w4a8.pack(codes, scale, lo, G)
-    s16, l16 = (v.half().to(dtype).repeat_interleave(G, 1) for v in (scale, lo))
-    want = torch.addcmul(l16, codes.to(dtype), s16).t().contiguous()
+    s32, l32 = (v.half().float() for v in (scale, lo))
+    zero = (l32 + 8 * s32).to(dtype).repeat_interleave(G, 1)
+    want = torch.addcmul(zero, (codes.float() - 8).to(dtype),
+                         s32.to(dtype).repeat_interleave(G, 1)).t().contiguous()
     assert torch.equal(cpu_w4a8.dense_t(tiles, scale_min, dtype), want)
     x = torch.randn(7, K).to(dtype)
     assert torch.equal(cpu_w4a8.dense_matmul(x, tiles, scale_min), x @ want)
