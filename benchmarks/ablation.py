@@ -21,10 +21,11 @@ A fixed, seeded closed-loop workload driven in-process through LLMEngine
 
 Columns: TTFT p50/p99, TPOT p50 ((t_last - t_first) / (tokens - 1) per request), output tok/s,
 GPU-Util mean (NVML, sampled in a thread over the measured window), kernel-busy % (torch.profiler
-over ``--profile-steps`` steps right after the window, same load: GPU-busy union / step wall
-time, from ``backend.profiling``'s report), % of roofline: decode steps' bytes (weights + K/V
-read) / time against the copy bandwidth, and steps with prefill: FLOPs / time against the
-matmul rate, both floors measured at the start of the run (``benchmarks.roofline``).
+over ``--profile-steps`` steps right after the window, same load: the time the GPU ran
+something inside the steps' wall span / that span, from ``backend.profiling``'s report), % of
+roofline: decode steps' bytes (weights + K/V read) / time against the copy bandwidth, and
+steps with prefill: FLOPs / time against the matmul rate, both floors measured at the start
+of the run (``benchmarks.roofline``).
 GPU columns are "n/a" on the CPU, with the reason in the JSON.
 """
 from __future__ import annotations
@@ -243,8 +244,8 @@ class Bench:
 
 
 def kernel_busy_pct(report: dict | None, cuda: bool, steps: int) -> tuple[float | None, str | None]:
-    """GPU-busy union (kernels, copies, memsets; backend.profiling's gap statistics) over the
-    captured steps' wall time."""
+    """The time the GPU ran a kernel, copy or memset inside the counted steps' wall span, over
+    that span (``backend.profiling.summary.kernel_busy_pct``)."""
     if not cuda:
         return None, "the engine runs on the CPU: no GPU kernels to profile"
     if not steps or report is None:

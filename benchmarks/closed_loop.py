@@ -167,7 +167,9 @@ class ClosedLoop:
         profiler.start(CaptureJob(n, out_dir or Path("runs/ablation"),
                                   lambda r: (box.append(r), done.set()),
                                   name="ablation", cuda=cuda))
-        for _ in range(n):
+        for _ in range(n + 1):  # on CUDA the capture runs one lead step first
+            if not profiler.busy:
+                break
             step()
         profiler.stop_early()  # no-op when all n steps were captured
         if not done.wait(600):
