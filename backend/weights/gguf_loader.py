@@ -112,7 +112,8 @@ def convert_gguf(path: Path, keep_codes: bool = False
                  ) -> tuple[ModelConfig, Tokenizer, WeightIterator]:
     """Config and tokenizer now; the tensors as a re-startable stream (one tensor in memory
     at a time, with a progress bar), so even a 7B file converts in little memory.
-    ``keep_codes``: Q8_0/Q4_0/Q4_1 tensors come as their codes (GroupQuantized), not floats."""
+    ``keep_codes``: Q8_0/Q4_0/Q4_1/Q4_K tensors come as their codes (GroupQuantized), not
+    floats."""
     reader = _open(path)
     meta = read_metadata(reader)
     config, tensors = _convert(path, reader, meta, keep_codes)

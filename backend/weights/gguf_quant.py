@@ -1,12 +1,16 @@
-"""GGUF Q8_0 / Q4_0 / Q4_1 blocks read as codes + scales, without a float copy.
+"""GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K blocks read as codes + scales, without a float copy.
 
-Block layouts (32 weights each, along the input dimension; ggml-quants.c):
+Block layouts (along the input dimension; ggml-quants.c):
   Q8_0: d (fp16), 32 x int8 q                       w = d * q
   Q4_0: d (fp16), 16 bytes of nibbles               w = d * (q - 8)
   Q4_1: d (fp16), m (fp16), 16 bytes of nibbles     w = d * q + m
-In Q4 blocks byte j holds weight j (low nibble) and weight j + 16 (high nibble).
-All three map onto ``GroupQuantized`` (value = code * scale + min, group 32); Q4_1 is exactly
-our asymmetric int4 with G = 32, Q4_0 its symmetric special case.
+  Q4_K: 256 weights: d, dmin (fp16), 12 bytes of eight 6-bit (scale, min) pairs, 128 bytes
+        of nibbles                                  w = d * sc_j * q - dmin * m_j
+In Q4_0 / Q4_1 blocks byte j holds weight j (low nibble) and weight j + 16 (high nibble); in
+Q4_K each 32 bytes hold a 64-weight chunk, its first 32 weights in the low nibbles.
+All four map onto ``GroupQuantized`` (value = code * scale + min, group 32); Q4_1 is exactly
+our asymmetric int4 with G = 32, Q4_0 its symmetric special case, and Q4_K the same per
+sub-block of 32 (scale d * sc_j, min -dmin * m_j, both exact in float32).
 """
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ from backend.layers.quantize import GroupQuantized
 
 BLOCK = 32
 CODE_TYPES = {GGMLQuantizationType.Q8_0: "int8", GGMLQuantizationType.Q4_0: "int4",
-              GGMLQuantizationType.Q4_1: "int4"}
+              GGMLQuantizationType.Q4_1: "int4", GGMLQuantizationType.Q4_K: "int4"}
+SUPER_BLOCK = 256  # Q4_K's weights per block
 
 
 def gguf_codes(data: np.ndarray, qtype: GGMLQuantizationType) -> GroupQuantized:
@@ -41,6 +46,8 @@ def gguf_codes(data: np.ndarray, qtype: GGMLQuantizationType) -> GroupQuantized:
         blocks = rows.reshape(N, -1, 4 + BLOCK // 2)
         d, m = _fp16(blocks[..., 0:2]), _fp16(blocks[..., 2:4])
         return _group(_nibbles(blocks[..., 4:]), d, m, 4)
+    if qtype == GGMLQuantizationType.Q4_K:
+        return _q4_k(rows)
     raise ValueError(f"GGUF type {qtype.name} has no code form here")
 
 
@@ -52,6 +59,25 @@ def native_format(tensors: list[Any], is_linear: Any) -> str | None:
         return None
     best = max(set(kinds), key=kinds.count)
     return best if kinds.count(best) * 2 > len(kinds) else None
+
+
+def _q4_k(rows: np.ndarray) -> GroupQuantized:
+    """Q4_K rows [N, bytes] -> codes [N, K] with a scale / min pair per 32 weights."""
+    N = rows.shape[0]
+    blocks = rows.reshape(N, -1, 4 + 12 + SUPER_BLOCK // 2)
+    d, dmin = _fp16(blocks[..., 0:2]), _fp16(blocks[..., 2:4])
+    # twelve bytes, eight 6-bit scales and mins: sub-blocks 0-3 in the low six bits of bytes
+    # 0-3 (scales) and 4-7 (mins); 4-7 in the nibbles of bytes 8-11 with their top two bits
+    # in the top bits of bytes 0-3 (scales) and 4-7 (mins)
+    packed = blocks[..., 4:16].reshape(N, -1, 3, 4)
+    lo_sc, lo_m, hi = packed[..., 0, :], packed[..., 1, :], packed[..., 2, :]
+    sc = np.concatenate([lo_sc & 63, (hi & 15) | ((lo_sc >> 6) << 4)], axis=-1)
+    mn = np.concatenate([lo_m & 63, (hi >> 4) | ((lo_m >> 6) << 4)], axis=-1)
+    qs = blocks[..., 16:].reshape(N, -1, 4, 1, 32)                # [N, nb, chunk, 1, byte]
+    codes = np.concatenate((qs & 15, qs >> 4), axis=3)            # [N, nb, chunk, half, 32]
+    scale = d[..., None] * sc.astype(np.float32)                  # [N, nb, 8]: exact
+    lo = -(dmin[..., None] * mn.astype(np.float32))
+    return _group(codes.reshape(N, -1), scale.reshape(N, -1), lo.reshape(N, -1), 4)
 
 
 def _fp16(two_bytes: np.ndarray) -> np.ndarray:

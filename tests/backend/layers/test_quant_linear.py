@@ -20,7 +20,9 @@ from backend.model import LlamaModel
 from backend.weights.gguf_loader import load_gguf
 from backend.weights.gguf_quant import gguf_codes
 from backend.weights.loader import synthetic_source
-from tests.backend.weights.gguf_fixtures import random_hf_tensors, write_llama_gguf
+from tests.backend.weights import gguf_fixtures
+from tests.backend.weights.gguf_fixtures import (K_SHAPE, random_hf_tensors, random_kquant,
+                                                 write_llama_gguf)
 
 CPU = torch.device("cpu")
 
@@ -118,6 +120,19 @@ def test_gguf_codes_match_the_gguf_dequantiser(qtype):
     np.testing.assert_array_equal(codes.dequantize().numpy(), dequantize(raw, qtype))
 
 
+def test_q4_k_codes_match_the_gguf_dequantiser():
+    """Q4_K (the bulk of Q4_K_M files): 256-weight blocks of eight sub-blocks, each with its
+    own 6-bit scale and min times the block's two fp16 factors, are our int4 groups of 32
+    with float32 scale / min pairs; the gguf package cannot quantise to it, so random blocks
+    with sane factors, every code and 6-bit pair pattern in play."""
+    raw = random_kquant((48, 512), Q.Q4_K, seed=3)
+    codes = gguf_codes(raw, Q.Q4_K)
+    assert (codes.group_size, codes.bits, tuple(codes.codes.shape)) == (32, 4, (48, 512))
+    assert tuple(codes.scale.shape) == (48, 16) and int(codes.codes.max()) == 15
+    assert len(torch.unique(codes.scale)) == 64  # d = 0.01 times each 6-bit scale, 0..63
+    np.testing.assert_array_equal(codes.dequantize().numpy(), dequantize(raw, Q.Q4_K))
+
+
 def test_resolve_weight_format():
     assert resolve_weight_format("auto", 64, "int4") == WeightFormat("int4", None, 32)
     assert resolve_weight_format("auto", 32, "int8") == WeightFormat("int8")
@@ -200,6 +215,48 @@ def test_gguf_auto_keeps_the_files_code_form(tmp_path, monkeypatch, qtype, nativ
     else:
         # random N(0, 0.5) weights amplify rounding; a wiring bug gives ~1
         assert 0 < ((a - d).abs().mean() / d.abs().mean()).item() < 0.1
+
+
+def centered_q4_k(shape: tuple[int, int], qtype: Q, seed: int = 0) -> np.ndarray:
+    """Q4_K blocks of a model that computes something: random codes, d = dmin = 0.002, each
+    sub-block's 6-bit scale sc in 1..7 and min m = 8 sc, so w = 0.002 sc (q - 8) is centred
+    and small (random blocks put a large constant in every row and the logits stop depending
+    on the tokens)."""
+    assert qtype == Q.Q4_K
+    rows, cols = shape
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, cols // 256, 144), np.uint8)
+    raw[..., 0:4] = np.frombuffer(np.array([0.002, 0.002], np.float16).tobytes(), np.uint8)
+    sc = rng.integers(1, 8, (rows, cols // 256, 8)).astype(np.uint8)
+    m = 8 * sc  # up to 56: its top two bits go where the format keeps them
+    scales = np.zeros((rows, cols // 256, 12), np.uint8)
+    scales[..., 0:4] = sc[..., :4]
+    scales[..., 4:8] = (m[..., :4] & 63) | ((m[..., 4:] >> 4) << 6)
+    scales[..., 8:12] = (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)
+    raw[..., 4:16] = scales
+    return raw.reshape(rows, -1)
+
+
+def test_gguf_q4_k_served_as_int4_from_its_codes(tmp_path, monkeypatch):
+    """auto on a Q4_K file: int4 group 32 from the file's codes (its scales d * sc in the
+    layers' own rounding), the logits of the dequantised file within that rounding; a wiring
+    bug (a sub-block's scale on another's codes) gives differences of order one."""
+    monkeypatch.setenv("FIRSTTOKEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(model_runner, "cpu_packed_kernels_fast", lambda: True)
+    monkeypatch.setattr(gguf_fixtures, "random_kquant", centered_q4_k)
+    path = write_llama_gguf(tmp_path / "tiny-q4_k.gguf", random_hf_tensors(seed=5, shape=K_SHAPE),
+                            Q.Q4_K, shape=K_SHAPE)
+    source = load_gguf(path)
+    assert source.weight_quantization == "int4"
+    tokens = list(range(5, 45))
+    dense = LLMEngine(EngineConfig(weights_dtype="fp32", dtype="float32",
+                                   kv_cache_memory_gib=0.01), source)
+    auto = LLMEngine(EngineConfig(dtype="float32", kv_cache_memory_gib=0.01), source)
+    assert auto.stats().weights_format == "int4-g32"
+    a, d = auto.score(tokens), dense.score(tokens)
+    assert (d[1:] - d[:-1]).abs().mean() > 0.1 * d.abs().mean()  # the tokens matter
+    rel = ((a - d).abs().mean() / d.abs().mean()).item()
+    assert 0 <= rel < 1e-2, rel  # 0: fp32 copies of exact fp32 scales give the same sums
 
 
 def test_gguf_q4_1_served_from_its_codes(tmp_path, monkeypatch):
