@@ -13,6 +13,10 @@ It is a torch custom op in C++ (torch headers, ~30 s to compile), so the compile
 pieces (``backend.engine.aot_layers``) call it inside their packages as eager code does:
 built once per machine with the other CPU kernels (``backend.engine.aot_kernels``), loaded
 with ``torch.ops.load_library`` before any package that calls it.
+
+Where a layer runs the op, its tiles are the layer's only codes (torch's packing is dropped):
+``dense_t`` / ``dense_matmul`` dequantise them for the dense copies and many-row calls, and
+``unpack`` gives them back to a layer that returns to torch's kernel.
 """
 from __future__ import annotations
 
