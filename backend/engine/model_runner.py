@@ -71,7 +71,8 @@ def return_freed_heap() -> bool:
     """Hands the C heap's free pages back to the OS (glibc's ``malloc_trim``; False where
     there is none). Loading frees many blocks under malloc's mmap threshold (staging
     buffers; torch's int4 packing where the int4 x int8 op replaced it), which stay in the
-    heap and in the resident size until trimmed: 120 MiB for SmolLM2 on the CPU."""
+    heap and in the resident size until trimmed: 151-182 MiB for SmolLM2 on the CPU with
+    the op (docs/BENCHMARKS.md "One packed copy of the int4 codes")."""
     try:
         trim = ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):

@@ -62,8 +62,8 @@ CHUNK_ELEMENTS = 1 << 22  # weights dequantised at once: 8 MiB of bf16 scratch a
 # A nibble q becomes a float exactly by writing it into the low mantissa bits of a power of
 # two (2^m + q), then subtracting 2^m + 8 gives q - 8 with no rounding: (int view, bits, 2^m).
 NIBBLE_BITS = {torch.bfloat16: (torch.int16, 0x4300, 128.0),
-          torch.float16: (torch.int16, 0x6400, 1024.0),
-          torch.float32: (torch.int32, 0x4B000000, 8388608.0)}
+               torch.float16: (torch.int16, 0x6400, 1024.0),
+               torch.float32: (torch.int32, 0x4B000000, 8388608.0)}
 
 _local = threading.local()
 
@@ -92,7 +92,7 @@ def row_blocks(n_rows: int, in_features: int, align: int) -> list[tuple[int, int
 
 
 def blockwise(x: torch.Tensor, n_rows: int, blocks: list[tuple[int, int]], fn
-               ) -> torch.Tensor:
+              ) -> torch.Tensor:
     """y [T, N] from fn(n0, n1) -> y[:, n0:n1]; one block returns fn's result itself."""
     if len(blocks) == 1:
         return fn(*blocks[0])

@@ -142,16 +142,23 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
     return tiles, scale_min
 
 
-def unpack(tiles: torch.Tensor, scale_min: torch.Tensor, group_size: int
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``pack``'s inverse: (codes uint8 [N, K], scale [N, K / G], lo [N, K / G] float32,
-    the fp16 values as stored), for a layer that goes back to torch's packing."""
+def _codes_and_pairs(tiles: torch.Tensor, scale_min: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes uint8 [N, K], the (scale, lo) pair of each block of 32, float32 [N, K/32, 2])
+    from ``pack``'s layout."""
     nt, k8, _ = tiles.shape
     kb = k8 // 4
     b = tiles.view(nt, kb, 4, TILE, 4)
     c = torch.stack([b & 0x0F, b >> 4], dim=3)              # [nt, kb, 4, 2, 16, 4]
     codes = c.permute(0, 4, 1, 2, 3, 5).reshape(nt * TILE, kb * BLOCK)
-    sm = scale_min.float().permute(0, 3, 1, 2).reshape(nt * TILE, kb, 2)
+    return codes, scale_min.float().permute(0, 3, 1, 2).reshape(nt * TILE, kb, 2)
+
+
+def unpack(tiles: torch.Tensor, scale_min: torch.Tensor, group_size: int
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``pack``'s inverse: (codes uint8 [N, K], scale [N, K / G], lo [N, K / G] float32,
+    the fp16 values as stored), for a layer that goes back to torch's packing."""
+    codes, sm = _codes_and_pairs(tiles, scale_min)
     step = group_size // BLOCK  # a group's blocks share its pair: take the first's
     return codes, sm[:, ::step, 0].contiguous(), sm[:, ::step, 1].contiguous()
 
@@ -221,12 +228,8 @@ def dense_matmul(x: torch.Tensor, tiles: torch.Tensor, scale_min: torch.Tensor
 def dequantize(tiles: torch.Tensor, scale_min: torch.Tensor) -> torch.Tensor:
     """``pack``'s inverse, in float32 [N, K] (the fp16 scales as stored): the tests' and the
     quality tools' reference."""
-    nt, k8, _ = tiles.shape
-    kb = k8 // 4
-    b = tiles.view(nt, kb, 4, TILE, 4)
-    c = torch.stack([b & 0x0F, b >> 4], dim=3)              # [nt, kb, 4, 2, 16, 4]
-    c = c.permute(0, 4, 1, 2, 3, 5).reshape(nt * TILE, kb * BLOCK).float()
-    sm = scale_min.float().permute(0, 3, 1, 2).reshape(nt * TILE, kb, 2)
+    codes, sm = _codes_and_pairs(tiles, scale_min)
+    c = codes.float()
     scale = sm[..., 0].repeat_interleave(BLOCK, dim=1)
     lo = sm[..., 1].repeat_interleave(BLOCK, dim=1)
     return c * scale + lo
