@@ -237,6 +237,9 @@ class Bench:
             out[f"{name}_p50_ms"], out[f"{name}_floor_ms"] = got, floor
             out[f"{name}_x_floor"] = got / floor
             out[f"{name}_met"] = got <= FLOOR_TARGET * floor
+        out["at_this_load"] = load_floors(cost, f, best["concurrency"], a.prompt_tokens,
+                                          a.output_tokens, best["ttft_p50_ms"],
+                                          best["tpot_p50_ms"])
         return out
 
     def close(self) -> None:
@@ -351,6 +354,24 @@ def run(a: argparse.Namespace) -> dict:
         "rows": rows, "tuned": tuned, "floors_check": check}
 
 
+def load_floors(cost: StepCost, floors: Floors, batch: int, prompt: int, output: int,
+                ttft_ms: float, tpot_ms: float) -> dict:
+    """The floors of the steps this closed loop must run at ``batch`` clients: each stream
+    ends after ``output`` tokens and its client sends the next prompt, so an average step
+    carries ``batch`` decode rows and ``batch / output`` prompts of ``prompt`` tokens; every
+    stream gets one token a step (TPOT's floor), and a request's first token needs a step
+    carrying its whole prompt beside the other streams' decodes (TTFT's). What the floors
+    above leave out: the prefill work the load puts into every step; what these leave out:
+    waiting for the step in flight when a request arrives."""
+    ctx = batch * (prompt + output / 2)
+    step = cost.step_floor_s(floors, batch + batch * prompt / output, batch, ctx) * 1e3
+    first = cost.step_floor_s(floors, prompt + batch - 1, batch, ctx) * 1e3
+    return {"prefill_tokens_per_step": batch * prompt / output, "step_floor_ms": step,
+            "tpot_x": tpot_ms / step, "tpot_met": tpot_ms <= FLOOR_TARGET * step,
+            "prompt_step_floor_ms": first, "ttft_x": ttft_ms / first,
+            "ttft_met": ttft_ms <= FLOOR_TARGET * first}
+
+
 def _fmt(v: float | None, spec: str = ".1f", unit: str = "") -> str:
     return "n/a" if v is None else f"{v:{spec}}{unit}"
 
@@ -389,7 +410,19 @@ def final_line(res: dict) -> str:
             f"TTFT p50 {c['ttft_p50_ms']:.1f} ms vs floor {c['ttft_floor_ms']:.1f} ms "
             f"({c['ttft_x_floor']:.1f}x, target <= {c['target_x']}x: {mark[c['ttft_met']]}); "
             f"TPOT p50 {c['tpot_p50_ms']:.2f} ms vs floor {c['tpot_floor_ms']:.2f} ms "
-            f"({c['tpot_x_floor']:.1f}x: {mark[c['tpot_met']]})")
+            f"({c['tpot_x_floor']:.1f}x: {mark[c['tpot_met']]})" + _load_line(c))
+
+
+def _load_line(c: dict) -> str:
+    w = c.get("at_this_load")
+    if not w:
+        return ""
+    mark = {True: "met", False: "missed"}
+    return (f". At this load (every step {c['concurrency']} decodes and "
+            f"{w['prefill_tokens_per_step']:.0f} prompt tokens on average): a step's floor "
+            f"{w['step_floor_ms']:.2f} ms, TPOT {w['tpot_x']:.2f}x it ({mark[w['tpot_met']]}); "
+            f"a step carrying a whole prompt {w['prompt_step_floor_ms']:.1f} ms, TTFT "
+            f"{w['ttft_x']:.2f}x it ({mark[w['ttft_met']]})")
 
 
 def main(argv: list[str] | None = None) -> int:

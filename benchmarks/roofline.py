@@ -85,6 +85,14 @@ class StepCost:
     def step_flops(self, tokens: int, sampled: int) -> float:
         return 2.0 * (self.layer_params * tokens + self.head_params * sampled)
 
+    def step_floor_s(self, floors: Floors, tokens: float, sampled: int,
+                     context_tokens: float) -> float:
+        """The least time a step of ``tokens`` rows (``sampled`` of them sampled) attending
+        ``context_tokens`` can take: its matmul FLOPs at the matmul rate or its bytes (weights
+        once, the contexts' K/V) at the copy bandwidth, whichever is longer."""
+        return max(self.step_flops(tokens, sampled) / floors.matmul_flops_per_s,
+                   self.decode_step_bytes(context_tokens) / floors.copy_bytes_per_s)
+
 
 def step_cost(cfg: ModelConfig, weights_format: str, head_format: str, kv_cache_dtype: str,
               model_dtype: torch.dtype, block_size: int) -> StepCost:

@@ -100,17 +100,11 @@ class ModelRunner:
         else:
             self.model, self.weights_scaling = self._build_model(config, source, max_model_len)
         # After loading: the copies are built from the packed codes, never from a float file.
-        device_bytes = torch.cuda.get_device_properties(self.device).total_memory \
-            if self.device.type == "cuda" else None
-        self.prefill_dense: PrefillDense = keep_prefill_dense(
-            self.model.modules(), config.prefill_dense_weights,
-            prefill_dense_budget(config.prefill_dense_max_gib, self.device.type, device_bytes))
-        if self.prefill_dense.enabled:
-            log.info("dense weight copies (--prefill-dense-weights): %d layers (%.1f MiB)",
-                     self.prefill_dense.layers, self.prefill_dense.bytes / 2**20)
-        elif self.prefill_dense.needed_bytes:
-            log.info("no dense weight copies: %s (--prefill-dense-weights on keeps them)",
-                     self.prefill_dense.reason)
+        # On CUDA before the KV cache, which is sized from the memory they leave; on the CPU
+        # after the kernels are attached, where the int4 x int8 op replaces torch's packing of
+        # the codes and copies built before it would be built again from the op's.
+        if self.device.type == "cuda":
+            self._keep_prefill_dense()
         self.num_blocks = self._num_blocks(cfg)
         self.attention = resolve_attention(config.attention, self.device)
         self.kv_cache = KVCache(cfg.num_hidden_layers, self.num_blocks, self.block_size,
@@ -133,6 +127,8 @@ class ModelRunner:
                                                                config.cpu_int4_activations)
         if self.attn.cpu_decode is not None:  # decode rows run our kernel, prefill SDPA
             self.attention_kernel = f"{self.attention_kernel}+{cpu_paged_decode.KERNEL_NAME}"
+        if self.device.type != "cuda":
+            self._keep_prefill_dense()
         return_freed_heap()
         # [max_num_seqs] long: the latest step's sampled ids, where the next step's inputs
         # read tokens the host has not seen yet (a fixed buffer: CUDA graphs read it too)
@@ -226,6 +222,20 @@ class ModelRunner:
     def lm_head_kernel(self) -> str:
         """The kernel of the LM head's one-row calls (a batch-1 decode step's head)."""
         return self.model.lm_head.one_token_kernel(self.model.ops.fuse_one_token)
+
+    def _keep_prefill_dense(self) -> None:
+        device_bytes = torch.cuda.get_device_properties(self.device).total_memory \
+            if self.device.type == "cuda" else None
+        self.prefill_dense: PrefillDense = keep_prefill_dense(
+            self.model.modules(), self.config.prefill_dense_weights,
+            prefill_dense_budget(self.config.prefill_dense_max_gib, self.device.type,
+                                 device_bytes))
+        if self.prefill_dense.enabled:
+            log.info("dense weight copies (--prefill-dense-weights): %d layers (%.1f MiB)",
+                     self.prefill_dense.layers, self.prefill_dense.bytes / 2**20)
+        elif self.prefill_dense.needed_bytes:
+            log.info("no dense weight copies: %s (--prefill-dense-weights on keeps them)",
+                     self.prefill_dense.reason)
 
     def _num_blocks(self, cfg) -> int:
         per_block = bytes_per_block(cfg.num_hidden_layers, self.block_size,

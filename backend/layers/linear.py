@@ -738,9 +738,11 @@ class Int4Linear(_QuantizedLinear):
         ``parts`` int8 parts per block."""
         if not self.w4a8_serves():
             raise ValueError("the int4 x int8 op does not serve this layer")
-        if not self.torch_packed:  # attached already, on its own codes: rebuild from them
-            self.detach_w4a8()
         self.w4a8_parts = parts
+        if not self.torch_packed:  # attached already, on its own codes: only the parts change
+            self.kernel = f"{cpu_w4a8.KERNEL_NAME}x{parts}"
+            Linear.generation += 1
+            return
         N, K = self.out_features, self.in_features
         codes = cpu_dequant.int4_unpack(self.packed, N, K)
         sz = self.scale_zero.float().transpose(0, 1)  # [N, K/G, 2]
@@ -766,7 +768,9 @@ class Int4Linear(_QuantizedLinear):
 
     def detach_w4a8(self) -> None:
         """Back to torch's int4 kernel for every call (its packing rebuilt from the op's codes
-        where it was released: the scales as the op stored them, in fp16)."""
+        where it was released: the scales as the op stored them, in fp16). A kept copy stays:
+        both read the codes to the same values (``cpu_w4a8.dense_t`` rounds as torch's
+        packing does)."""
         if not self.torch_packed:
             self._pack_torch(*cpu_w4a8.unpack(self.w4a8_codes, self._w4a8_scale_min(),
                                               self.group_size))

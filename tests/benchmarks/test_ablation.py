@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from benchmarks import ablation
+from benchmarks.roofline import Floors, StepCost
 
 
 def test_ablation_smoke_on_cpu(tmp_path) -> None:
@@ -51,6 +52,30 @@ def test_ablation_smoke_on_cpu(tmp_path) -> None:
     check = res["floors_check"]
     assert check["ttft_floor_ms"] > 0 and check["tpot_floor_ms"] > 0
     assert check["concurrency"] == tuned["concurrency"]
+    load = check["at_this_load"]  # the load's prompts on top of the decode bytes
+    assert load["prefill_tokens_per_step"] == 2 * 16 / 4
+    assert load["step_floor_ms"] >= check["tpot_floor_ms"]
+    assert load["prompt_step_floor_ms"] >= check["ttft_floor_ms"] * 0.999
+    assert "At this load" in md.read_text()
     text = md.read_text()
     assert sum(line.startswith("| ") for line in text.splitlines()) == 4  # header + 3 rows
     assert "goodput-maximising batch" in text and "~320 ms" in text
+
+
+def test_the_floors_at_this_load_add_the_prompts_each_step_carries() -> None:
+    """64 clients of 512-token prompts and 64 output tokens: an average step carries 64
+    decodes and one prompt's 512 tokens, compute-bound on these floors; its TPOT floor is
+    that step's, not the decode bytes' alone."""
+    cost = StepCost(layer_params=6_000_000_000, head_params=100_000_000,
+                    weight_bytes=12e9, kv_bytes_per_token=250_000)
+    floors = Floors(copy_bytes_per_s=4e12, matmul_flops_per_s=700e12, matmul_n=8192,
+                    dtype="bfloat16")
+    w = ablation.load_floors(cost, floors, 64, 512, 64, ttft_ms=30.0, tpot_ms=16.0)
+    assert w["prefill_tokens_per_step"] == 512
+    flops = 2 * (6e9 * (64 + 512) + 1e8 * 64)
+    assert abs(w["step_floor_ms"] - flops / 700e12 * 1e3) < 1e-9
+    assert abs(w["prompt_step_floor_ms"] - 2 * (6e9 * 575 + 1e8 * 64) / 700e12 * 1e3) < 1e-9
+    assert w["tpot_met"] == (16.0 <= 1.5 * w["step_floor_ms"]) and not w["ttft_met"]
+    # one client: bandwidth-bound, the decode bytes' floor
+    one = ablation.load_floors(cost, floors, 1, 16, 64, ttft_ms=5.0, tpot_ms=4.0)
+    assert abs(one["step_floor_ms"] - (12e9 + 250_000 * 48) / 4e12 * 1e3) < 1e-9

@@ -16,7 +16,7 @@ from backend.engine import aot_kernels, aot_layers
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
-from backend.layers import cpu_aot, cpu_dequant, cpu_paged_decode, cpu_w4a8
+from backend.layers import cpu_aot, cpu_dequant, cpu_paged_decode, cpu_w4a8, linear
 from backend.layers.linear import ONE_ROW_AOT_KERNEL, Linear, frozen
 from backend.weights.loader import load_model_source
 from tests.backend.layers.test_cpu_aot import Counting
@@ -299,6 +299,9 @@ def test_int4_layers_run_the_int4_x_int8_op(cache, monkeypatch):
     monkeypatch.setenv("FIRSTTOKEN_CACHE", str(cache))
     assert EngineConfig().cpu_int4_activations == "int8x2"
     assert engine("auto").stats().cpu_aot_kernels["int4_w4a8"]["status"] == "off"  # model
+    built, build = [], linear._QuantizedLinear._build_copy
+    monkeypatch.setattr(linear._QuantizedLinear, "_build_copy",
+                        lambda self: built.append(self) or build(self))
     eng = LLMEngine(EngineConfig(cpu_aot_kernels="build", kv_cache_memory_gib=0.01,
                                  max_model_len=128, **DEFAULT_FLAGS),
                     load_model_source(MODEL))
@@ -313,6 +316,12 @@ def test_int4_layers_run_the_int4_x_int8_op(cache, monkeypatch):
         "reason": "", "path": str(cache / "kernels" / cpu_w4a8.library_name()),
         "layers": len(layers), "activations": "int8x2"}
     assert all(m.w4a8 and m.kernel == "cpu-int4-w4a8x2" for m in layers)
+    # the dense copies built once each, after the op was attached (from its codes)
+    copies = [m for m in layers if m.prefill_weight is not None]
+    assert eng.stats().prefill_dense_weights["enabled"] == bool(copies)
+    head = eng.runner.model.lm_head
+    assert sorted(map(id, built)) == sorted(map(id, copies + [head] * (
+        head.prefill_weight is not None)))
     # one packed copy of the codes: torch's packing went once the op was attached
     assert not any(m.torch_packed or "packed" in m._buffers for m in layers)
     assert status["torch_packing_freed_bytes"] == sum(  # codes [N, K/2], scale|zero pairs

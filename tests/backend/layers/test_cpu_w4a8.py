@@ -251,9 +251,15 @@ def test_released_torch_packing_serves_every_row_count():
     assert torch.equal(dense, cpu_w4a8.dense_t(tiles, sm, torch.bfloat16))
     # back to torch's kernel: its packing rebuilt from the op's codes and fp16 scales
     reloaded = layer.dequantized()
+    layer.attach_w4a8(1)  # attached already: one part now, the same codes and fp16 pairs
+    assert layer.w4a8_parts == 1 and layer.kernel == f"{cpu_w4a8.KERNEL_NAME}x1"
+    assert layer.w4a8_codes is tiles and torch.equal(layer._w4a8_scale_min(), sm)
     layer.detach_w4a8()
     assert layer.torch_packed and not layer.w4a8 and "packed" in layer._buffers
     # within torch's bf16 roundings of its scales, zeros and their sum (2^-8 each)
     assert bool(((layer.dequantized() - reloaded).abs() <= (reloaded.abs() + 1) / 64).all())
+    copy = layer.prefill_weight  # kept: the values torch's packing reads
+    assert torch.equal(copy.to_dense().t() if copy.is_mkldnn else copy, cpu_dequant.int4_dense_t(
+        layer.packed, layer.scale_zero, layer.group_size, torch.bfloat16))
     layer.attach_w4a8(1)  # and attached again from it
     assert torch.equal(layer.w4a8_codes, tiles)
