@@ -30,7 +30,8 @@ from backend.engine.llm_engine import LLMEngine
 DEFAULT_VARIANTS = "bf16,int8,int8/none,int4:32,int4:64,int4:64/none,int4:128,auto,int8+head"
 
 
-def variant_config(variant: str, dtype: str, device: str = "cpu") -> EngineConfig:
+def variant_config(variant: str, dtype: str, device: str = "cpu",
+                   max_model_len: int = 2048) -> EngineConfig:
     """'int4:64+head/none' -> EngineConfig(weights_dtype='int4', int4_group_size=64,
     lm_head_dtype='int4', weights_scaling='none'); 'auto+head=int8': an int8 head;
     'auto@model': cpu_int4_activations='model'."""
@@ -43,18 +44,22 @@ def variant_config(variant: str, dtype: str, device: str = "cpu") -> EngineConfi
                         int4_group_size=int(group or 32), lm_head_dtype=lm_head,
                         weights_scaling=scaling or "activation",
                         **({"cpu_int4_activations": activations} if activations else {}),
-                        kv_cache_memory_gib=0.25, max_model_len=2048)
+                        kv_cache_memory_gib=0.25, max_model_len=max_model_len)
 
 
 def build_engines(source, variants: list[str], dtype: str, device: str = "cpu"
                   ) -> tuple[dict[str, LLMEngine], dict[str, str]]:
-    """One engine per variant that the model's shapes allow; the others with the reason."""
+    """One engine per variant that the model's shapes allow; the others with the reason.
+    Contexts of up to 2048 tokens, or the model's own limit where it is shorter."""
     engines, skipped = {}, {}
+    max_len = min(2048, source.config.max_position_embeddings)
     for v in variants:
         try:
-            engines[v] = LLMEngine(variant_config(v, dtype, device), source)
+            engines[v] = LLMEngine(variant_config(v, dtype, device, max_len), source)
         except ValueError as exc:  # e.g. a group size that does not divide 576
             skipped[v] = str(exc)
+    if not engines:
+        raise SystemExit(f"no variant runs on {source.name}: {skipped}")
     return engines, skipped
 
 

@@ -14,3 +14,13 @@ def test_variant_names_map_to_the_engine_flags():
     c = variant_config("auto", "bfloat16")
     assert (c.weights_scaling, c.cpu_int4_activations, c.lm_head_dtype) == (
         "activation", "int8x2", "model")
+
+
+def test_a_model_with_a_short_context_limit_gets_its_own_limit():
+    from backend.engine.weights_quality import build_engines
+    from backend.weights.loader import load_model_source
+
+    source = load_model_source("synthetic:tiny")  # max_position_embeddings 1024 < 2048
+    engines, skipped = build_engines(source, ["bf16", "int4:48"], "float32")
+    assert list(engines) == ["bf16"] and "int4:48" in skipped  # 48 does not divide 64
+    assert engines["bf16"].max_model_len == source.config.max_position_embeddings == 1024
