@@ -41,6 +41,7 @@ PARTS = {"int8": 1, "int8x2": 2}
 
 _loaded: Path | None = None
 _op = None  # the registered op's overload, once loaded
+_dequant_op = None  # the library's dequantising op (``_tiles_t``), once loaded
 
 
 def why_not_here() -> str | None:
@@ -87,7 +88,7 @@ def build(directory: Path) -> float:
 def load(directory: Path) -> bool:
     """Registers the op from the library built in ``directory``; False when there is none.
     One library per process: a second call with the same build is a no-op."""
-    global _loaded, _op
+    global _loaded, _op, _dequant_op
     path = Path(directory) / library_name()
     if _loaded is not None:
         if _loaded.name != path.name:
@@ -99,6 +100,7 @@ def load(directory: Path) -> bool:
     torch.ops.load_library(str(path))
     torch.library.register_fake("firsttoken::int4_w4a8_mm")(_fake)  # for export / AOTI
     _op = torch.ops.firsttoken.int4_w4a8_mm.default  # resolved once: ~us less a call
+    _dequant_op = torch.ops.firsttoken.int4_w4a8_dequant_t.default
     _loaded = path
     return True
 
@@ -169,10 +171,17 @@ def _tiles_t(tiles: torch.Tensor, scale_min: torch.Tensor, t0: int, t1: int,
     W = (codes - 8) * scale + zero with zero = lo + 8 * scale: the fp16 pairs combined in
     float32, then rounded to ``dtype``. A zero at the range's middle is small where the
     weights are, so its rounding costs less than the min's would (``lo`` sits at the range's
-    bottom). The codes become exact floats by bits (``cpu_dequant.NIBBLE_BITS``). The one
-    place both the per-call pass and the kept dense copy compute it: the same bits."""
+    bottom). The one place both the per-call pass and the kept dense copy compute it: the
+    same bits. Through the library's op where it is loaded (one pass over the codes, the
+    layer's case: its tiles are its only codes once the op is attached), else torch ops
+    (the codes made exact floats by bits, ``cpu_dequant.NIBBLE_BITS``); the two agree bit
+    for bit (tests/backend/layers/test_cpu_w4a8.py)."""
     nt, kb = t1 - t0, tiles.shape[1] // 4
     n = nt * TILE
+    if _dequant_op is not None and dtype in cpu_dequant.NIBBLE_BITS:
+        out = alloc("w4a8-w", (kb * BLOCK, n), dtype)
+        _dequant_op(tiles, scale_min, t0, t1, out)
+        return out
     int_dtype, bits, base = cpu_dequant.NIBBLE_BITS[dtype]
     src = tiles[t0:t1].view(nt, kb, 4, TILE, 4).permute(1, 2, 4, 0, 3)  # [b, o, j, t, r]
     wide = alloc("w4a8-bytes", (kb, 4, 4, nt, TILE), int_dtype)

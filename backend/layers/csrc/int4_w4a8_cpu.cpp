@@ -1,5 +1,6 @@
 // int4 weight codes times int8 activations on AVX-512 VNNI, for matmuls of a few rows (the
-// CPU's decode steps): the op firsttoken::int4_w4a8_mm.
+// CPU's decode steps): the op firsttoken::int4_w4a8_mm; and firsttoken::int4_w4a8_dequant_t,
+// the same codes dequantised for the dense copies and the calls of many rows.
 //
 // Each call quantises its rows to int8 per block of 32 inputs (a scale d = amax / 127 and
 // the block's exact float sum s), then for each tile of 16 output rows and each block adds
@@ -197,10 +198,83 @@ at::Tensor int4_w4a8_mm(const at::Tensor& x, const at::Tensor& codes, const at::
   return out;
 }
 
+// x rounded to T's precision and widened back (T's own rounding: store16's)
+template <typename T>
+inline __m512 rounded(__m512 x) {
+  T tmp[kTile];
+  store16(tmp, x);
+  return load16(tmp);
+}
+
+// W.T [K, 16 (t1 - t0)] of tiles t0..t1 into out (row stride ldo) in torch's int4 convention,
+// the values a layer's dense copy and its many-row calls multiply by: W = (code - 8) * scale
+// + zero, with scale the fp16 scale rounded to T and zero = min + 8 * scale (the fp16 pair
+// in float32) rounded to T; (code - 8) * scale is exact in float32, so the one rounding to T
+// after the add is torch's addcmul's. Row k = 32 b + 8 o + 4 h + j of block b reads nibble h
+// of byte 4 r + j of the block's octet o, for the 16 rows r of each tile.
+template <typename T>
+void dequant_t(const uint8_t* codes, const at::Half* sm, int64_t KB, int64_t t0, int64_t t1,
+               T* out, int64_t ldo) {
+  const __m512i nibble = _mm512_set1_epi32(0x0F), eight = _mm512_set1_epi32(8);
+  // blocks of K a task: each thread writes whole rows of out
+  at::parallel_for(0, KB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const at::Half* st = sm + (t * KB + b) * 32;
+        const __m512 raw = load16(st);
+        const __m512 scale = rounded<T>(raw);
+        const __m512 zero = rounded<T>(_mm512_fmadd_ps(raw, _mm512_set1_ps(8.f), load16(st + 16)));
+        const uint8_t* cb = codes + (t * KB + b) * 4 * 64;
+        T* ob = out + b * kBlock * ldo + (t - t0) * kTile;
+        for (int o = 0; o < 4; ++o) {
+          const __m512i v = _mm512_loadu_si512(cb + o * 64);  // lane r: bytes 4 r .. 4 r + 3
+          for (int h = 0; h < 2; ++h)
+            for (int j = 0; j < 4; ++j) {
+              __m512i c = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4 * h), nibble);
+              __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c, eight)), scale,
+                                         zero);
+              store16(ob + (8 * o + 4 * h + j) * ldo, w);
+            }
+        }
+      }
+    }
+  });
+}
+
+void int4_w4a8_dequant_t(const at::Tensor& codes, const at::Tensor& scale_min, int64_t t0,
+                         int64_t t1, at::Tensor& out) {
+  TORCH_CHECK(codes.dim() == 3 && codes.size(2) == 64 && codes.scalar_type() == at::kByte &&
+                  codes.is_contiguous(),
+              "int4_w4a8_dequant_t: codes must be a contiguous uint8 [N/16, K/8, 64]");
+  const int64_t NT = codes.size(0), K = codes.size(1) * 8, KB = K / kBlock;
+  TORCH_CHECK(scale_min.scalar_type() == at::kHalf && scale_min.is_contiguous() &&
+                  scale_min.dim() == 4 && scale_min.size(0) == NT && scale_min.size(1) == KB,
+              "int4_w4a8_dequant_t: scale_min must be a contiguous fp16 [N/16, K/32, 2, 16]");
+  TORCH_CHECK(0 <= t0 && t0 <= t1 && t1 <= NT, "int4_w4a8_dequant_t: tiles ", t0, "..", t1,
+              " out of 0..", NT);
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == K && out.size(1) == (t1 - t0) * kTile &&
+                  out.stride(1) == 1,
+              "int4_w4a8_dequant_t: out must be [K, 16 (t1 - t0)] with unit column stride");
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const at::Half* sp = scale_min.data_ptr<at::Half>();
+  switch (out.scalar_type()) {
+    case at::kBFloat16:
+      dequant_t(cp, sp, KB, t0, t1, out.data_ptr<at::BFloat16>(), out.stride(0));
+      break;
+    case at::kFloat: dequant_t(cp, sp, KB, t0, t1, out.data_ptr<float>(), out.stride(0)); break;
+    case at::kHalf: dequant_t(cp, sp, KB, t0, t1, out.data_ptr<at::Half>(), out.stride(0)); break;
+    default: TORCH_CHECK(false, "int4_w4a8_dequant_t: out must be bfloat16, float32 or float16");
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(firsttoken, m) {
   m.def("int4_w4a8_mm(Tensor x, Tensor codes, Tensor scale_min, int parts) -> Tensor");
+  m.def("int4_w4a8_dequant_t(Tensor codes, Tensor scale_min, int t0, int t1, Tensor(a!) out) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(firsttoken, CPU, m) { m.impl("int4_w4a8_mm", &int4_w4a8_mm); }
+TORCH_LIBRARY_IMPL(firsttoken, CPU, m) {
+  m.impl("int4_w4a8_mm", &int4_w4a8_mm);
+  m.impl("int4_w4a8_dequant_t", &int4_w4a8_dequant_t);
+}

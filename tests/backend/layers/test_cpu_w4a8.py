@@ -70,12 +70,19 @@ def test_pack_round_trips(N, K, G):
 
 
 @pytest.mark.parametrize("N,K,G", [(960, 576, 32), (576, 1536, 64), (48, 128, 128)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_dense_weights_from_the_ops_codes(N, K, G, dtype):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("through", ["op", "torch"])
+def test_dense_weights_from_the_ops_codes(N, K, G, dtype, through, monkeypatch):
     """A layer without torch's packing dequantises from the op's layout: W.T in ``dtype``
     in torch's convention, (codes - 8) * scale + zero with zero = lo + 8 * scale from the
     fp16 pairs in float32, both rounded to ``dtype``, in one addcmul; the per-call pass (in
-    blocks of rows) multiplies by the same bits; ``unpack`` gives the codes back."""
+    blocks of rows) multiplies by the same bits; ``unpack`` gives the codes back. The
+    library's dequantising op and the torch ops (where it is not loaded) give the same
+    bits."""
+    if through == "torch":
+        monkeypatch.setattr(cpu_w4a8, "_dequant_op", None)
+    else:
+        assert cpu_w4a8._dequant_op is not None
     codes, scale, lo = weights(N, K, G)
     tiles, scale_min = cpu_w4a8.pack(codes, scale, lo, G)
     s32, l32 = (v.half().float() for v in (scale, lo))
@@ -88,6 +95,22 @@ def test_dense_weights_from_the_ops_codes(N, K, G, dtype):
     got_codes, got_scale, got_lo = cpu_w4a8.unpack(tiles, scale_min, G)
     assert torch.equal(got_codes, codes)
     assert torch.equal(got_scale, scale.half().float()) and torch.equal(got_lo, lo.half().float())
+
+
+def test_the_dequantising_op_writes_a_range_of_tiles_into_a_view():
+    """Tiles t0..t1 into a strided view (the copy's columns): its columns only, and bad
+    shapes or ranges refused plainly."""
+    codes, scale, lo = weights(96, 64, 32)
+    tiles, scale_min = cpu_w4a8.pack(codes, scale, lo, 32)
+    whole = cpu_w4a8.dense_t(tiles, scale_min, torch.bfloat16)  # [64, 96]
+    out = torch.full((64, 96), 7.0, dtype=torch.bfloat16)
+    torch.ops.firsttoken.int4_w4a8_dequant_t(tiles, scale_min, 2, 4, out[:, 32:64])
+    assert torch.equal(out[:, 32:64], whole[:, 32:64])
+    assert bool((out[:, :32] == 7).all()) and bool((out[:, 64:] == 7).all())
+    with pytest.raises(RuntimeError, match="out of 0..6"):
+        torch.ops.firsttoken.int4_w4a8_dequant_t(tiles, scale_min, 5, 7, out[:, :32])
+    with pytest.raises(RuntimeError, match="out must be"):
+        torch.ops.firsttoken.int4_w4a8_dequant_t(tiles, scale_min, 0, 2, out[:, :16])
 
 
 @pytest.mark.parametrize("parts", [1, 2])
