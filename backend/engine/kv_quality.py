@@ -58,7 +58,7 @@ def compare_perplexity(engines: dict[str, LLMEngine], tokenizer, text: str,
     target = torch.tensor(tokens[1:])
     logits, out = {}, {}
     for name, engine in engines.items():
-        logits[name] = engine.score(tokens, chunk)[:-1]  # [T-1, V]
+        logits[name] = engine.score(tokens, chunk)[:-1].float().cpu()  # [T-1, V]
         nll = F.cross_entropy(logits[name], target).item()
         out[name] = {"tokens": len(tokens), "perplexity": math.exp(nll)}
     first = next(iter(engines))

@@ -22,16 +22,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import torch
+
 from backend.engine._tools import emit_json
 from backend.engine.config import EngineConfig
 from backend.engine.kv_quality import EVAL_TEXT, compare_greedy, compare_perplexity
 from backend.engine.llm_engine import LLMEngine
+from backend.engine.model_runner import resolve_dtype
+from backend.layers.kv_cache import bytes_per_block
 
 DEFAULT_VARIANTS = "bf16,int8,int8/none,int4:32,int4:64,int4:64/none,int4:128,auto,int8+head"
 
 
 def variant_config(variant: str, dtype: str, device: str = "cpu",
-                   max_model_len: int = 2048) -> EngineConfig:
+                   max_model_len: int = 2048, kv_gib: float = 0.25) -> EngineConfig:
     """'int4:64+head/none' -> EngineConfig(weights_dtype='int4', int4_group_size=64,
     lm_head_dtype='int4', weights_scaling='none'); 'auto+head=int8': an int8 head;
     'auto@model': cpu_int4_activations='model'."""
@@ -44,18 +48,28 @@ def variant_config(variant: str, dtype: str, device: str = "cpu",
                         int4_group_size=int(group or 32), lm_head_dtype=lm_head,
                         weights_scaling=scaling or "activation",
                         **({"cpu_int4_activations": activations} if activations else {}),
-                        kv_cache_memory_gib=0.25, max_model_len=max_model_len)
+                        kv_cache_memory_gib=kv_gib, max_model_len=max_model_len)
+
+
+def kv_room_gib(cfg, tokens: int, dtype: str, device: str = "cpu") -> float:
+    """GiB of K/V (model dtype) that hold one context of ``tokens``; at least 0.25."""
+    block = EngineConfig().block_size
+    per_block = bytes_per_block(cfg.num_hidden_layers, block, cfg.num_key_value_heads,
+                                cfg.head_dim, "auto", resolve_dtype(dtype, torch.device(device)))
+    return max(0.25, (tokens // block + 1) * per_block / 2**30)
 
 
 def build_engines(source, variants: list[str], dtype: str, device: str = "cpu"
                   ) -> tuple[dict[str, LLMEngine], dict[str, str]]:
     """One engine per variant that the model's shapes allow; the others with the reason.
-    Contexts of up to 2048 tokens, or the model's own limit where it is shorter."""
+    Contexts of up to 2048 tokens, or the model's own limit where it is shorter, with K/V
+    room for one such context (at least 0.25 GiB)."""
     engines, skipped = {}, {}
     max_len = min(2048, source.config.max_position_embeddings)
+    kv_gib = kv_room_gib(source.config, max_len, dtype, device)
     for v in variants:
         try:
-            engines[v] = LLMEngine(variant_config(v, dtype, device, max_len), source)
+            engines[v] = LLMEngine(variant_config(v, dtype, device, max_len, kv_gib), source)
         except ValueError as exc:  # e.g. a group size that does not divide 576
             skipped[v] = str(exc)
     if not engines:
