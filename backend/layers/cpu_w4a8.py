@@ -165,6 +165,11 @@ def unpack(tiles: torch.Tensor, scale_min: torch.Tensor, group_size: int
     return codes, sm[:, ::step, 0].contiguous(), sm[:, ::step, 1].contiguous()
 
 
+def _dequantises(dtype: torch.dtype) -> bool:
+    """Whether the library's dequantising op is loaded and writes ``dtype``."""
+    return _dequant_op is not None and dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
 def _tiles_t(tiles: torch.Tensor, scale_min: torch.Tensor, t0: int, t1: int,
              dtype: torch.dtype, alloc: cpu_dequant.Alloc) -> torch.Tensor:
     """W.T [K, 16 (t1 - t0)] in ``dtype`` for tiles t0..t1 in torch's int4 convention,
@@ -178,7 +183,7 @@ def _tiles_t(tiles: torch.Tensor, scale_min: torch.Tensor, t0: int, t1: int,
     for bit (tests/backend/layers/test_cpu_w4a8.py)."""
     nt, kb = t1 - t0, tiles.shape[1] // 4
     n = nt * TILE
-    if _dequant_op is not None and dtype in cpu_dequant.NIBBLE_BITS:
+    if _dequantises(dtype):
         out = alloc("w4a8-w", (kb * BLOCK, n), dtype)
         _dequant_op(tiles, scale_min, t0, t1, out)
         return out
@@ -215,6 +220,9 @@ def dense_t(tiles: torch.Tensor, scale_min: torch.Tensor, dtype: torch.dtype
     the op's codes are its only ones: ``x @ w`` equals ``dense_matmul``."""
     nt, k8, _ = tiles.shape
     out = torch.empty(k8 * 8, nt * TILE, dtype=dtype)
+    if _dequantises(dtype):
+        _dequant_op(tiles, scale_min, 0, nt, out)  # the whole of it in one pass, in place
+        return out
     for t0, t1 in _tile_blocks(tiles):
         out[:, t0 * TILE:t1 * TILE] = _tiles_t(tiles, scale_min, t0, t1, dtype,
                                                cpu_dequant.fresh)
