@@ -7,6 +7,8 @@
       # a many-row call without a dense copy, over the 120 int4 layers: dequantised from
       # torch's packing, from the op's codes by the library's dequantising op, and from the
       # op's codes by torch ops (before that op), in rotation
+  PYTHONPATH=. python .../one_packing.py copies ROUNDS
+      # the dense copies dequantised whole in one pass against block by block
 
 Prints one JSON line.
 """
@@ -85,6 +87,36 @@ def many(rows: int, rounds: int) -> dict:
             "relative_difference_max": max(diffs), "torch_threads": torch.get_num_threads()}
 
 
+def copies(rounds: int) -> dict:
+    """The 120 layers' dense copies dequantised (bf16, before oneDNN's reorder): the whole
+    copy in one pass of the library's op (``cpu_w4a8.dense_t``) against block by block into
+    fresh buffers, then copied into place (its first form), alternating."""
+    _, layers = op_layers("int8x2")
+
+    def by_blocks(tiles, sm, dtype):
+        nt, k8, _ = tiles.shape
+        out = torch.empty(k8 * 8, nt * cpu_w4a8.TILE, dtype=dtype)
+        for t0, t1 in cpu_w4a8._tile_blocks(tiles):
+            out[:, t0 * cpu_w4a8.TILE:t1 * cpu_w4a8.TILE] = cpu_w4a8._tiles_t(
+                tiles, sm, t0, t1, dtype, cpu_dequant.fresh)
+        return out
+
+    ways = {"whole, in place": cpu_w4a8.dense_t, "by blocks": by_blocks}
+    same = all(torch.equal(*(f(m.w4a8_codes, m._w4a8_scale_min(), torch.bfloat16)
+                             for f in ways.values())) for m in layers)
+    totals: dict[str, list[float]] = {k: [] for k in ways}
+    names = list(ways)
+    for r in range(rounds):
+        for name in names[r % 2:] + names[:r % 2]:
+            t0 = time.perf_counter()
+            for m in layers:
+                ways[name](m.w4a8_codes, m._w4a8_scale_min(), torch.bfloat16)
+            totals[name].append((time.perf_counter() - t0) * 1e3)
+    return {"mode": "copies", "rounds": rounds, "layers": len(layers), "equal": same,
+            "ms_median": {k: statistics.median(v) for k, v in totals.items()}, "ms": totals,
+            "torch_threads": torch.get_num_threads()}
+
+
 def _torch_ops(fn, *args):
     op, cpu_w4a8._dequant_op = cpu_w4a8._dequant_op, None
     try:
@@ -97,6 +129,8 @@ if __name__ == "__main__":
     with torch.inference_mode():
         if sys.argv[1] == "rss":
             out = rss("--keep-torch-packing" in sys.argv, "--no-trim" not in sys.argv)
+        elif sys.argv[1] == "copies":
+            out = copies(int(sys.argv[2]))
         else:
             out = many(int(sys.argv[2]), int(sys.argv[3]))
     print(json.dumps(out))
