@@ -406,23 +406,19 @@ def final_line(res: dict) -> str:
     if not c:
         return "goodput-maximising batch: none (row 7 not run, or no batch met the SLO)"
     mark = {True: "met", False: "missed"}
-    return (f"goodput-maximising batch {c['concurrency']} ({c['policy']}): "
+    line = (f"goodput-maximising batch {c['concurrency']} ({c['policy']}): "
             f"TTFT p50 {c['ttft_p50_ms']:.1f} ms vs floor {c['ttft_floor_ms']:.1f} ms "
             f"({c['ttft_x_floor']:.1f}x, target <= {c['target_x']}x: {mark[c['ttft_met']]}); "
             f"TPOT p50 {c['tpot_p50_ms']:.2f} ms vs floor {c['tpot_floor_ms']:.2f} ms "
-            f"({c['tpot_x_floor']:.1f}x: {mark[c['tpot_met']]})" + _load_line(c))
-
-
-def _load_line(c: dict) -> str:
-    w = c.get("at_this_load")
-    if not w:
-        return ""
-    mark = {True: "met", False: "missed"}
-    return (f". At this load (every step {c['concurrency']} decodes and "
-            f"{w['prefill_tokens_per_step']:.0f} prompt tokens on average): a step's floor "
-            f"{w['step_floor_ms']:.2f} ms, TPOT {w['tpot_x']:.2f}x it ({mark[w['tpot_met']]}); "
-            f"a step carrying a whole prompt {w['prompt_step_floor_ms']:.1f} ms, TTFT "
-            f"{w['ttft_x']:.2f}x it ({mark[w['ttft_met']]})")
+            f"({c['tpot_x_floor']:.1f}x: {mark[c['tpot_met']]})")
+    if w := c.get("at_this_load"):
+        line += (f". At this load (every step {c['concurrency']} decodes and "
+                 f"{w['prefill_tokens_per_step']:.0f} prompt tokens on average): a step's "
+                 f"floor {w['step_floor_ms']:.2f} ms, TPOT {w['tpot_x']:.2f}x it "
+                 f"({mark[w['tpot_met']]}); a step carrying a whole prompt "
+                 f"{w['prompt_step_floor_ms']:.1f} ms, TTFT {w['ttft_x']:.2f}x it "
+                 f"({mark[w['ttft_met']]})")
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:

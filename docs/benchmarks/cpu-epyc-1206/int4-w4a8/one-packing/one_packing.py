@@ -72,19 +72,25 @@ def many(rows: int, rounds: int) -> dict:
         a, b, c = (f(m, x).float() for f in ways.values())
         diffs.append(((a - b).norm() / a.norm()).item())
         same = same and torch.equal(b, c)
-    totals: dict[str, list[float]] = {k: [] for k in ways}
-    names = list(ways)
-    for r in range(rounds):
-        for name in names[r % 3:] + names[:r % 3]:
-            t0 = time.perf_counter()
-            for m in layers:
-                ways[name](m, xs[m.in_features])
-            totals[name].append((time.perf_counter() - t0) * 1e3)
+    totals = rotated(ways, rounds, lambda f: [f(m, xs[m.in_features]) for m in layers])
     return {"rows": rows, "rounds": rounds, "layers": len(layers),
             "ms_median": {k: statistics.median(v) for k, v in totals.items()},
             "ms": totals, "op_and_torch_ops_equal": same,
             "relative_difference_median": statistics.median(diffs),
             "relative_difference_max": max(diffs), "torch_threads": torch.get_num_threads()}
+
+
+def rotated(ways: dict, rounds: int, run) -> dict[str, list[float]]:
+    """ms of ``run(way)`` per way over ``rounds``, the order rotated every round."""
+    totals: dict[str, list[float]] = {k: [] for k in ways}
+    names = list(ways)
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            run(ways[name])
+            totals[name].append((time.perf_counter() - t0) * 1e3)
+    return totals
 
 
 def copies(rounds: int) -> dict:
@@ -104,14 +110,8 @@ def copies(rounds: int) -> dict:
     ways = {"whole, in place": cpu_w4a8.dense_t, "by blocks": by_blocks}
     same = all(torch.equal(*(f(m.w4a8_codes, m._w4a8_scale_min(), torch.bfloat16)
                              for f in ways.values())) for m in layers)
-    totals: dict[str, list[float]] = {k: [] for k in ways}
-    names = list(ways)
-    for r in range(rounds):
-        for name in names[r % 2:] + names[:r % 2]:
-            t0 = time.perf_counter()
-            for m in layers:
-                ways[name](m.w4a8_codes, m._w4a8_scale_min(), torch.bfloat16)
-            totals[name].append((time.perf_counter() - t0) * 1e3)
+    totals = rotated(ways, rounds, lambda f: [
+        f(m.w4a8_codes, m._w4a8_scale_min(), torch.bfloat16) for m in layers])
     return {"mode": "copies", "rounds": rounds, "layers": len(layers), "equal": same,
             "ms_median": {k: statistics.median(v) for k, v in totals.items()}, "ms": totals,
             "torch_threads": torch.get_num_threads()}
