@@ -27,6 +27,9 @@ roofline: decode steps' bytes (weights + K/V read) / time against the copy bandw
 steps with prefill: FLOPs / time against the matmul rate, both floors measured at the start
 of the run (``benchmarks.roofline``).
 GPU columns are "n/a" on the CPU, with the reason in the JSON.
+The last line compares TTFT p50 and TPOT p50 at row 7's point with their floors: one prompt
+alone and the decode bytes alone, then the floors at that load (``load_floors``: the prompts
+the closed loop puts into every step counted too).
 """
 from __future__ import annotations
 
