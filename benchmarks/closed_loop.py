@@ -94,7 +94,10 @@ class ClosedLoop:
 
     def run(self, warmup: int, measured: int, on_window_start: Callable[[], None] | None = None,
             profile_steps: int = 0, profile_cuda: bool = False, profile_dir: Path | None = None,
-            max_steps: int = 1_000_000) -> LoopResult:
+            max_steps: int = 1_000_000, on_window_end: Callable[[], None] | None = None
+            ) -> LoopResult:
+        """``on_window_start`` / ``on_window_end``: called at the first measured send and
+        when the last measured request ends, before the ``profile_steps`` capture."""
         engine, last = self.engine, _LastStep()
         engine.step_observer = last
         records: dict[str, RequestRecord] = {}
@@ -148,6 +151,8 @@ class ClosedLoop:
                 raise RuntimeError(f"{measured} measured requests did not finish in {max_steps} steps")
             window_s = (time.perf_counter_ns() - window_start_ns) / 1e9
             window_tokens = engine.generation_tokens_total - tokens_at_start
+            if on_window_end is not None:
+                on_window_end()
             report = self._profile(profiler, step, profile_steps, profile_cuda, profile_dir) \
                 if profile_steps else None
         finally:
@@ -189,12 +194,16 @@ class WindowGpuUtil:
 
 def run_with_gpu_util(loop: ClosedLoop, warmup: int, measured: int, **run_kw
                       ) -> tuple[LoopResult, WindowGpuUtil]:
-    """``loop.run`` with NVML sampling GPU-Util from the first measured send to its end."""
+    """``loop.run`` with NVML sampling GPU-Util from the first measured send to the end of
+    the last measured request: not over the profile capture after it (its warm-up and export
+    leave the GPU idle for seconds)."""
     sampler = GpuSampler(interval_s=0.1)
+    stopped: list = []
     try:
-        res = loop.run(warmup, measured, on_window_start=sampler.start, **run_kw)
+        res = loop.run(warmup, measured, on_window_start=sampler.start,
+                       on_window_end=lambda: stopped.append(sampler.stop()), **run_kw)
     finally:
-        gpu = sampler.stop()
+        gpu = stopped[0] if stopped else sampler.stop()
     if gpu.available and gpu.util_pct:
         return res, WindowGpuUtil(statistics.fmean(gpu.util_pct), len(gpu.util_pct), None)
     return res, WindowGpuUtil(None, 0, gpu.reason or "no NVML sample in the window")
