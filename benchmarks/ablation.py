@@ -229,8 +229,7 @@ class Bench:
     def floors_check(self, engine: LLMEngine, best: dict) -> dict:
         """TTFT and TPOT at the goodput-maximising batch against their floors."""
         a, f, cost = self.a, self.floors, self.cost(engine)
-        ttft_floor = max(cost.step_flops(a.prompt_tokens, 1) / f.matmul_flops_per_s,
-                         cost.weight_bytes / f.copy_bytes_per_s) * 1e3
+        ttft_floor = cost.step_floor_s(f, a.prompt_tokens, 1, 0) * 1e3  # the prompt alone
         ctx = best["concurrency"] * (a.prompt_tokens + a.output_tokens // 2)
         tpot_floor = cost.decode_step_bytes(ctx) / f.copy_bytes_per_s * 1e3
         out = {"concurrency": best["concurrency"], "policy": best.get("policy"),
