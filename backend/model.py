@@ -27,7 +27,7 @@ from torch import nn
 
 from backend.layers import cpu_dequant
 from backend.layers.attention import Attention, AttentionMetadata
-from backend.layers.fused_ops import EAGER, TRITON, StepOps
+from backend.layers.fused_ops import EAGER, TRITON, StepOps, rope_signed_, signed_sin
 from backend.layers.gemv import ADD_NORM, NORM, SILU_MUL, Prologue
 from backend.layers.linear import (DenseLinear, Linear, LinearRows, WeightFormat, frozen,
                                    make_linear, matmul)
@@ -107,10 +107,14 @@ class DecoderLayer(nn.Module):
         T = qkv.shape[0]
         H, kvh, hd = self.H, self.kvh, self.hd
         if rope:
-            ops.rope_(qkv[:, : (H + kvh) * hd].view(T, H + kvh, hd), cos, sin)  # in place
+            ops.rope_(self.qk_heads(qkv), cos, sin)  # in place
         q = qkv[:, : H * hd].view(T, H, hd)
         kv = qkv[:, H * hd:].view(T, 2, kvh, hd)
         return q, kv[:, 0], kv[:, 1]
+
+    def qk_heads(self, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv [T, (H + 2 kvh) * hd] -> its q and k heads [T, H + kvh, hd] (a view)."""
+        return qkv[:, : (self.H + self.kvh) * self.hd].view(qkv.shape[0], -1, self.hd)
 
     def post_attention(self, out: torch.Tensor, residual: torch.Tensor, ops: StepOps = EAGER
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,9 +341,12 @@ class LlamaModel(nn.Module):
             return self._piecewise_layers(pieces, x, cos, sin, attn, meta)
         norm, silu_mul = EAGER.add_rms_norm, EAGER.silu_mul
         residual = None
+        sin_signed = signed_sin(sin)  # rope_eager_'s table, once for every layer
         for i, (layer, qkv, o, gate_up, down) in enumerate(self._matmuls(x.shape[0])):
             h, residual = norm(x, residual, layer.input_norm, layer.eps)
-            q, k, v = layer.split_qkv(qkv(h), cos, sin)  # RoPE'd in place
+            y = qkv(h)
+            rope_signed_(layer.qk_heads(y), cos, sin_signed)  # as rope_eager_, in place
+            q, k, v = layer.split_qkv(y, cos, sin, rope=False)
             with stage("attention"):
                 out = attn.forward(i, q, k, v, meta)  # [T, H * hd]
             h, residual = norm(o(out), residual, layer.post_norm, layer.eps)

@@ -68,11 +68,27 @@ def _doubled(weight: torch.Tensor) -> torch.Tensor:
 def rope_eager_(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """qk: [T, heads, hd] view (q heads then k heads), rotated in place (HF rotate_half
     layout); cos/sin: [T, hd]."""
+    rope_signed_(qk, cos, signed_sin(sin))
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin [T, hd] -> [-sin[:, :hd/2] | sin[:, hd/2:]]: rotate_half's negation moved onto
+    the table, once a step instead of once a layer (x * -s is -(x * s), bit for bit)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+
+
+def rope_signed_(qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
+    """``rope_eager_`` with the sine table from ``signed_sin``: four kernels (a copy of the
+    halves swapped, two products in place, the sum); each product is rounded to qk's dtype
+    before the sum, as in rotate_half's expression. Outside CUDA graphs the host launches
+    each kernel: torch.roll on the strided q|k heads took a contiguous copy first on CUDA,
+    and a negation followed (docs/BENCHMARKS.md, "The eager step's host cost")."""
     half = qk.shape[-1] // 2
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, hd]
-    rotated = qk.roll(half, -1)  # [x2, x1]: fewer ops than cat((-x2, x1)), the same values
-    rotated[..., :half].neg_()
-    torch.add(qk * cos, rotated * sin, out=qk)
+    rotated = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)  # [x2, x1], a new tensor
+    rotated.mul_(sin_signed.unsqueeze(1))  # [-x2 * s, x1 * s]
+    qk.mul_(cos.unsqueeze(1))
+    qk.add_(rotated)
 
 
 def silu_mul_eager(gate_up: torch.Tensor) -> torch.Tensor:

@@ -215,8 +215,8 @@ class Linear(nn.Module):
         ``cpu_dequant.few_rows_limit(kind)`` (for a layer on the module's copy thresholds,
         as the blocks' are; the LM head has its own), with the kernel and its tensors bound
         once (a decode step's flat loop skips ``forward``'s per-call choice: ~3 us a call on
-        a 2-core CPU); kind None: fn is ``forward`` itself, for any rows. Valid until
-        ``Linear.generation`` moves."""
+        a 2-core CPU); kind None: fn is ``forward`` or gives its bits, for any rows. Valid
+        until ``Linear.generation`` moves."""
         return self.forward, None
 
     def one_token(self, x: torch.Tensor, prologue: Prologue
@@ -362,7 +362,19 @@ class DenseLinear(Linear):
         if self._onednn is not None:  # moved or converted: reordered again where it can be
             self.keep_prefill_dense(False)
             self.keep_prefill_dense(True)
+        Linear.generation += 1  # ``few_rows_fn``'s view of the old weight is stale
         return out
+
+    def few_rows_fn(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], str | None]:
+        w = self.weight
+        if w.device.type != "cuda" or self.bias is not None or w.dtype != self.dtype:
+            return super().few_rows_fn()
+        # For a 2-D x without a bias F.linear(x, w) is mm(x, w.t()): the same cuBLAS call
+        # and bits, without the dispatch of linear, t and matmul around it. Outside CUDA
+        # graphs the host launches every kernel of a step and is its bottleneck at small
+        # batches (docs/BENCHMARKS.md, "The eager step's host cost").
+        wt = w.t()
+        return (lambda x: torch.mm(x, wt)), None
 
     def dequantized(self) -> torch.Tensor:
         return self.weight.float()

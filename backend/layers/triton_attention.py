@@ -639,12 +639,14 @@ def interpreting() -> bool:
 # int8 -> fp16 through inline PTX (``_int8_to_fp16``); the interpreter runs no PTX and
 # converts instead (the same values: the widening is exact either way). Fixed at import, so
 # a test that runs the GPU's fp16 path in the interpreter (UPCAST off) still converts.
-_PTX_WIDEN = tl.constexpr(not interpreting())
+# The launches read the switch from here too, fixed at import as Triton's own is.
+_INTERPRETING = interpreting()
+_PTX_WIDEN = tl.constexpr(not _INTERPRETING)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 models get exact products (the fp32 parity tests); tf32 would round them.
-    return "ieee" if dtype == torch.float32 or interpreting() else "tf32"
+    return "ieee" if dtype == torch.float32 or _INTERPRETING else "tf32"
 
 
 def _scales(scales: torch.Tensor | None, cache: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -696,15 +698,23 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch
             **pdl.launch(k.device, dependent_launch))
 
 
-def decode_splits(batch: int, kv_heads: int, max_context: int | None, device: torch.device,
-                  block_n: int = 64) -> int:
+# A step run outside a CUDA graph (its longest context known on the host) splits a context
+# only where each split has at least this many tokens. There the host launches every kernel
+# and is the bottleneck of small batches: a split decode costs the host the merge kernel's
+# launch and two partial buffers besides (docs/BENCHMARKS.md, "The eager step's host cost").
+EAGER_SPLIT_MIN_TOKENS = 2048
+
+
+def decode_splits(batch: int, kv_heads: int, max_context: int | None,
+                  device: torch.device) -> int:
     """Splits of each context so that batch x kv_heads x splits fills the GPU about twice.
-    Depends on the batch only (CUDA graphs fix it per batch size), capped by the longest
-    context when it is known (no split without a tile to work on)."""
+    Depends on the batch only inside CUDA graphs (``max_context`` None: a graph fixes it
+    per batch size). Outside them, capped so that each split has at least
+    ``EAGER_SPLIT_MIN_TOKENS`` of the longest context."""
     sms = multiprocessors(device, 2)
     splits = min(16, triton.next_power_of_2(-(-2 * sms // (batch * kv_heads))))
     if max_context is not None:
-        splits = min(splits, triton.next_power_of_2(-(-max_context // block_n)))
+        splits = min(splits, triton.next_power_of_2(-(-max_context // EAGER_SPLIT_MIN_TOKENS)))
     return max(1, splits)
 
 
@@ -747,7 +757,7 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
         GROUP=group, G_PAD=1 if rows else _pad(group), HD=hd, HD_PAD=hd_pad,
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=QUANT_CODES[kv_cache_dtype],
-        DOT_PREC=_dot_precision(q.dtype), UPCAST=interpreting(),
+        DOT_PREC=_dot_precision(q.dtype), UPCAST=_INTERPRETING,
         V_T=kv_cache_dtype in TRANSPOSED_V, HEADS_FIRST=heads_first, ROWS=rows,
         num_warps=num_warps,
         num_stages=num_stages, **pdl.launch(q.device, dependent_launch))
@@ -790,6 +800,6 @@ def paged_prefill(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | N
         GROUP=H // kvh, HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m,
         BLOCK_N=block_n, C_PAD=triton.next_power_of_2(C + 1),
         QUANT=QUANT_CODES[kv_cache_dtype], DOT_PREC=_dot_precision(q.dtype),
-        UPCAST=interpreting(), V_T=kv_cache_dtype in TRANSPOSED_V, num_warps=num_warps,
+        UPCAST=_INTERPRETING, V_T=kv_cache_dtype in TRANSPOSED_V, num_warps=num_warps,
         num_stages=num_stages)
     return out

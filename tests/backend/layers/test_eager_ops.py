@@ -1,5 +1,5 @@
 """The eager step ops' CPU forms against torch's own: the norm as layer_norm of [x, -x],
-RoPE through one roll."""
+RoPE through a swapped copy and the sign folded into the sine table."""
 from __future__ import annotations
 
 import pytest
@@ -52,7 +52,7 @@ def test_float32_norm_stays_rms_norm() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_roll_is_rotate_half(dtype) -> None:
+def test_rope_is_rotate_half(dtype) -> None:
     tokens, heads, hd = 3, 5, 64
     qkv = _rand(tokens, (heads + 1) * hd, dtype=dtype, seed=9)
     angles = _rand(tokens, hd // 2, dtype=torch.float32, seed=10)
@@ -65,6 +65,11 @@ def test_rope_roll_is_rotate_half(dtype) -> None:
     want = qk * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
     assert torch.equal(got[:, : heads * hd].view(tokens, heads, hd), want)
     assert torch.equal(got[:, heads * hd:], qkv[:, heads * hd:])
+    # the flat eager loop's form: the signed table made once, then each layer's heads
+    again = qkv.clone()
+    fused_ops.rope_signed_(again[:, : heads * hd].view(tokens, heads, hd), cos,
+                           fused_ops.signed_sin(sin))
+    assert torch.equal(again, got)
 
 
 def nn_weight(t: torch.Tensor) -> torch.nn.Parameter:

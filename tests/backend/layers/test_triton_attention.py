@@ -246,7 +246,7 @@ def test_int8_cache_in_fp16_keeps_small_v_scales(monkeypatch) -> None:
     far below fp16's normal range once multiplied into the probabilities (here |V| ~ 1e-6):
     the tile's largest scale goes outside the dot, so the result keeps its precision. Run
     in the interpreter as the GPU runs it (fp16 dots, not the fp32 ones of UPCAST)."""
-    monkeypatch.setattr(triton_attention, "interpreting", lambda: False)
+    monkeypatch.setattr(triton_attention, "_INTERPRETING", False)
     gen = torch.Generator().manual_seed(5)
     kvh, group, hd, lens = 2, 1, 64, [3 * BS + 5, 41]
     cache = _cache(kvh, hd, torch.bfloat16, "int8")
@@ -458,3 +458,17 @@ def test_int8_decode_defaults_to_the_rows_path_on_unsplit_grids_only(monkeypatch
             ref = _reference(q[i:i + 1], k, v, n - 1)[0]
             torch.testing.assert_close(out[i].float(), ref.float(), atol=3e-2, rtol=3e-2)
     assert unsplit_way > 0
+
+
+def test_decode_splits_outside_graphs_only_for_long_contexts() -> None:
+    """Inside CUDA graphs (no host context) the splits fill the GPU for the batch; a step run
+    outside them splits only a context long enough that each split has
+    ``EAGER_SPLIT_MIN_TOKENS`` (the merge's launch costs the host more than it saves)."""
+    cpu, least = torch.device("cpu"), triton_attention.EAGER_SPLIT_MIN_TOKENS
+    graphed = triton_attention.decode_splits(1, 1, None, cpu)  # 2 "SMs" off CUDA: 4
+    assert graphed == 4
+    assert triton_attention.decode_splits(1, 1, 544, cpu) == 1
+    assert triton_attention.decode_splits(1, 1, least, cpu) == 1
+    assert triton_attention.decode_splits(1, 1, least + 1, cpu) == 2
+    assert triton_attention.decode_splits(1, 1, 100 * least, cpu) == graphed
+    assert triton_attention.decode_splits(8, 1, 100 * least, cpu) == 1  # the batch fills it

@@ -9,9 +9,9 @@ tag=h100; case "$gpu" in *H200*) tag=h200;; esac
 if [ "$tag" = h200 ]; then
   mkdir -p "$OUT/kb"
   OUT="$OUT/kb" bash docs/benchmarks/gpu-sweep/exact-prompts/int8-kernel-busy/call.sh
-else
-  source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
 fi
+# the sweep's script installed the wheels in its own shell: this one needs its PYTHONPATH too
+source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
 timeout ${ABLATION_S:-240} python3 -m benchmarks.ablation --model synthetic:llama-2-7b --device cuda \
     --no-compile --batches 8,16,32,64 --json $OUT/ablation-$tag.json \
     --markdown $OUT/ablation-$tag.md > $OUT/ablation-$tag.log 2>&1

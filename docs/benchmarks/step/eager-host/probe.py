@@ -1,7 +1,10 @@
 """Where an eager decode step's host time goes (the ablation's rows 2-4: no CUDA graphs, no
 fused step kernels). One engine per config, B requests decoding together, then:
 wall per step, cProfile over steps (host functions), torch.profiler over steps (CPU ops and
-GPU kernels per step), and each Triton kernel's host cost per launch.
+GPU kernels per step), and each Triton kernel's host cost per launch. On CUDA then the host
+cost of each piece of an eager decode layer at Llama-2-7B's shapes, batch 8 (``pieces_us``),
+and the GPU time of one layer's decode attention split as in CUDA graphs against unsplit
+(``decode_gpu_us``; ``DECODE_GPU=0`` skips it).
 
     python docs/benchmarks/step/eager-host/probe.py OUT_DIR [model] [device] [configs]
 
@@ -11,8 +14,10 @@ row4 (batch 8, int8 K/V).
 from __future__ import annotations
 
 import cProfile
+import functools
 import io
 import json
+import os
 import pstats
 import random
 import sys
@@ -148,6 +153,88 @@ def triton_launch_cost(dev: torch.device) -> dict:
     return res
 
 
+def per_call_us(fn, reps: int, dev: torch.device) -> float:
+    """Host time of one call of ``fn`` (no sync inside: launches queue on the stream)."""
+    for _ in range(3):
+        fn()
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    us = (time.perf_counter() - t0) / reps * 1e6
+    sync(dev)
+    return us
+
+
+def pieces_us(device: str, reps: int) -> dict:
+    """Host microseconds per call of the eager decode step's pieces at Llama-2-7B's shapes,
+    batch 8, bf16 K/V: torch ops, cuBLAS matmuls, and our Triton attention's wrappers."""
+    from backend.layers import triton_attention as ta
+    from backend.layers.fused_ops import add_rms_norm_eager, rope_eager_, silu_mul_eager
+
+    dt, B, H, hd, bs = torch.bfloat16, 8, 32, 128, 16
+    dev = torch.device(device)
+    x = torch.randn(B, 4096, device=dev, dtype=dt)
+    res = torch.randn(B, 4096, device=dev, dtype=dt)
+    w = torch.randn(4096, device=dev, dtype=dt)
+    qkv_w = torch.randn(3 * 4096, 4096, device=dev, dtype=dt)
+    qkv_wt = qkv_w.t()
+    qkv = torch.randn(B, 3 * 4096, device=dev, dtype=dt)
+    gate_up = torch.randn(B, 2 * 11008, device=dev, dtype=dt)
+    cos = torch.randn(B, hd, device=dev, dtype=dt)
+    blocks = 64
+    cache = torch.zeros(blocks * bs, 2, H, hd, device=dev, dtype=dt)
+    tables = torch.arange(blocks, device=dev, dtype=torch.int32).view(B, blocks // B)
+    lens = torch.full((B,), 100, device=dev, dtype=torch.int32)
+    slots = torch.arange(B, device=dev) * (blocks // B) * bs + 99
+    q = qkv[:, :4096].view(B, H, hd)
+    k = qkv[:, 4096:8192].view(B, H, hd)
+    v = qkv[:, 8192:].view(B, H, hd)
+    out = torch.empty(B, H, hd, device=dev, dtype=dt)
+    costs = {
+        "torch.add": lambda: x + res,
+        "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (4096,), w, 1e-5),
+        "add_rms_norm_eager": lambda: add_rms_norm_eager(x, res, w, 1e-5),
+        "F.linear qkv": lambda: torch.nn.functional.linear(x, qkv_w),
+        "torch.mm qkv, W.T bound": lambda: torch.mm(x, qkv_wt),
+        "rope_eager_": lambda: rope_eager_(qkv[:, :8192].view(B, 2 * H, hd), cos, cos),
+        "silu_mul_eager": lambda: silu_mul_eager(gate_up),
+        "torch.empty": lambda: torch.empty(B, H, hd, device=dev, dtype=dt),
+        "store_kv": lambda: ta.store_kv(k, v, slots, cache, None, "auto", bs),
+        "paged_decode splits 2": lambda: ta.paged_decode(q, cache, None, tables, lens, out,
+                                                        hd ** -0.5, bs, "auto", 2),
+        "paged_decode splits 1": lambda: ta.paged_decode(q, cache, None, tables, lens, out,
+                                                        hd ** -0.5, bs, "auto", 1),
+    }
+    return {name: round(per_call_us(fn, reps, dev), 2) for name, fn in costs.items()}
+
+
+def decode_gpu_us(device: str) -> list[dict]:
+    """GPU microseconds of one layer's decode attention (bf16 K/V, Llama-2-7B's 32 heads),
+    split as inside CUDA graphs against unsplit, timed in a CUDA graph (no host in it)."""
+    import triton.testing
+
+    from backend.layers import triton_attention as ta
+
+    dt, H, hd, bs, dev = torch.bfloat16, 32, 128, 16, torch.device(device)
+    rows = []
+    for batch in (1, 8):
+        for ctx in (544, 2048, 8192):
+            per = -(-ctx // bs)
+            cache = torch.randn(batch * per * bs, 2, H, hd, device=dev, dtype=dt)
+            tables = torch.arange(batch * per, device=dev, dtype=torch.int32).view(batch, per)
+            lens = torch.full((batch,), ctx, device=dev, dtype=torch.int32)
+            q = torch.randn(batch, H, hd, device=dev, dtype=dt)
+            out = torch.empty_like(q)
+            for splits in sorted({1, ta.decode_splits(batch, H, None, dev)}):
+                fn = functools.partial(ta.paged_decode, q, cache, None, tables, lens, out,
+                                       hd ** -0.5, bs, "auto", splits)
+                ms = triton.testing.do_bench_cudagraph(fn, rep=50)
+                rows.append({"batch": batch, "context": ctx, "splits": splits,
+                             "gpu_us": round(ms * 1e3, 2)})
+    return rows
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -165,6 +252,9 @@ def main() -> None:
         import triton
         res["triton"] = triton.__version__
         res["launch"] = triton_launch_cost(torch.device(device))
+        res["pieces_us"] = pieces_us(device, 200)
+        if os.environ.get("DECODE_GPU", "1") == "1":
+            res["decode_gpu_us"] = decode_gpu_us(device)
     (out / "probe.json").write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps(res, indent=1))
 
