@@ -165,7 +165,8 @@ class Attention:
         d = meta.num_decode
         if d:
             meta.extra["splits"] = triton_attention.decode_splits(
-                d, self.num_kv_heads, meta.max_decode_context, meta.block_tables.device)
+                d, self.num_kv_heads, meta.max_decode_context, meta.block_tables.device,
+                self.kv_cache.kv_cache_dtype)
         if meta.has_prefill:
             # prefill rows of the tables, and query offsets relative to the flat batch;
             # copied when decodes come first: a view d rows in is 16-byte aligned only for

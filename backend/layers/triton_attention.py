@@ -698,23 +698,32 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch
             **pdl.launch(k.device, dependent_launch))
 
 
-# A step run outside a CUDA graph (its longest context known on the host) splits a context
-# only where each split has at least this many tokens. There the host launches every kernel
-# and is the bottleneck of small batches: a split decode costs the host the merge kernel's
-# launch and two partial buffers besides (docs/BENCHMARKS.md, "The eager step's host cost").
-EAGER_SPLIT_MIN_TOKENS = 2048
+# A step run outside a CUDA graph (its longest context known on the host) decodes a bf16
+# cache unsplit up to this many tokens. There the host launches every kernel and is the
+# bottleneck of small batches, and a split costs it the merge kernel's launch and two
+# partial buffers: 55 against 29 us of host time a layer (batch 8, context 100, H200),
+# against 11 us of GPU time at batch 8 x 544 tokens (34 against 23 us) and 15 at batch 1
+# (22 against 7). Longer contexts split as before (at 2,048 tokens unsplit took 79 against
+# 11 us at batch 1). The quantised caches' unsplit tile is one warp a program, made for
+# large batches: an eager int8 step at batch 8 lost on the GPU what the host saved (ablation
+# row 4, docs/BENCHMARKS.md "The eager step's host cost"), so they split as before.
+EAGER_UNSPLIT_MAX_TOKENS = 1024
 
 
 def decode_splits(batch: int, kv_heads: int, max_context: int | None,
-                  device: torch.device) -> int:
+                  device: torch.device, kv_cache_dtype: str = "auto",
+                  block_n: int = 64) -> int:
     """Splits of each context so that batch x kv_heads x splits fills the GPU about twice.
     Depends on the batch only inside CUDA graphs (``max_context`` None: a graph fixes it
-    per batch size). Outside them, capped so that each split has at least
-    ``EAGER_SPLIT_MIN_TOKENS`` of the longest context."""
+    per batch size). Outside them capped by the longest context (no split without a tile
+    of ``block_n`` tokens to work on), and a bf16 cache's contexts up to
+    ``EAGER_UNSPLIT_MAX_TOKENS`` are not split."""
     sms = multiprocessors(device, 2)
     splits = min(16, triton.next_power_of_2(-(-2 * sms // (batch * kv_heads))))
     if max_context is not None:
-        splits = min(splits, triton.next_power_of_2(-(-max_context // EAGER_SPLIT_MIN_TOKENS)))
+        if kv_cache_dtype == "auto" and max_context <= EAGER_UNSPLIT_MAX_TOKENS:
+            return 1
+        splits = min(splits, triton.next_power_of_2(-(-max_context // block_n)))
     return max(1, splits)
 
 

@@ -460,15 +460,18 @@ def test_int8_decode_defaults_to_the_rows_path_on_unsplit_grids_only(monkeypatch
     assert unsplit_way > 0
 
 
-def test_decode_splits_outside_graphs_only_for_long_contexts() -> None:
-    """Inside CUDA graphs (no host context) the splits fill the GPU for the batch; a step run
-    outside them splits only a context long enough that each split has
-    ``EAGER_SPLIT_MIN_TOKENS`` (the merge's launch costs the host more than it saves)."""
-    cpu, least = torch.device("cpu"), triton_attention.EAGER_SPLIT_MIN_TOKENS
+def test_decode_splits_outside_graphs() -> None:
+    """Inside CUDA graphs (no host context) the splits fill the GPU for the batch. A step
+    run outside them decodes a bf16 cache unsplit up to ``EAGER_UNSPLIT_MAX_TOKENS`` (the
+    merge's launch costs the host more than the split saves the GPU) and splits longer
+    contexts as graphs do; the quantised caches split as graphs do, capped by the context's
+    tiles."""
+    cpu, most = torch.device("cpu"), triton_attention.EAGER_UNSPLIT_MAX_TOKENS
     graphed = triton_attention.decode_splits(1, 1, None, cpu)  # 2 "SMs" off CUDA: 4
     assert graphed == 4
     assert triton_attention.decode_splits(1, 1, 544, cpu) == 1
-    assert triton_attention.decode_splits(1, 1, least, cpu) == 1
-    assert triton_attention.decode_splits(1, 1, least + 1, cpu) == 2
-    assert triton_attention.decode_splits(1, 1, 100 * least, cpu) == graphed
-    assert triton_attention.decode_splits(8, 1, 100 * least, cpu) == 1  # the batch fills it
+    assert triton_attention.decode_splits(1, 1, most, cpu) == 1
+    assert triton_attention.decode_splits(1, 1, most + 1, cpu) == graphed
+    assert triton_attention.decode_splits(1, 1, 544, cpu, "int8") == graphed
+    assert triton_attention.decode_splits(1, 1, 100, cpu, "int8") == 2  # two 64-token tiles
+    assert triton_attention.decode_splits(8, 1, 100 * most, cpu) == 1  # the batch fills it

@@ -109,7 +109,8 @@ def run(out: Path, model: str, device: str, name: str, source) -> dict:
             torch.cuda.set_sync_debug_mode("warn")
             eng.step()
             torch.cuda.set_sync_debug_mode(0)
-        syncs = [f"{w.filename}:{w.lineno} {str(w.message)[:120]}" for w in caught]
+        syncs = [f"{w.filename}:{w.lineno} {str(w.message)[:120]}" for w in caught
+                 if "debug mode is a prototype" not in str(w.message)]  # the mode's own note
         (out / f"syncs-{name}.txt").write_text("\n".join(syncs) + "\n")
     for i in range(batch):
         eng.abort_request(f"r{i}")
@@ -219,7 +220,7 @@ def decode_gpu_us(device: str) -> list[dict]:
     dt, H, hd, bs, dev = torch.bfloat16, 32, 128, 16, torch.device(device)
     rows = []
     for batch in (1, 8):
-        for ctx in (544, 2048, 8192):
+        for ctx in (544, 2048):
             per = -(-ctx // bs)
             cache = torch.randn(batch * per * bs, 2, H, hd, device=dev, dtype=dt)
             tables = torch.arange(batch * per, device=dev, dtype=torch.int32).view(batch, per)
