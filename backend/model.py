@@ -114,7 +114,8 @@ class DecoderLayer(nn.Module):
 
     def qk_heads(self, qkv: torch.Tensor) -> torch.Tensor:
         """qkv [T, (H + 2 kvh) * hd] -> its q and k heads [T, H + kvh, hd] (a view)."""
-        return qkv[:, : (self.H + self.kvh) * self.hd].view(qkv.shape[0], -1, self.hd)
+        heads = self.H + self.kvh
+        return qkv[:, : heads * self.hd].view(qkv.shape[0], heads, self.hd)
 
     def post_attention(self, out: torch.Tensor, residual: torch.Tensor, ops: StepOps = EAGER
                        ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -164,9 +164,9 @@ class Attention:
     def _prepare_triton(self, meta: AttentionMetadata) -> None:
         d = meta.num_decode
         if d:
+            kind = "auto" if self.kv_cache is None else self.kv_cache.kv_cache_dtype
             meta.extra["splits"] = triton_attention.decode_splits(
-                d, self.num_kv_heads, meta.max_decode_context, meta.block_tables.device,
-                self.kv_cache.kv_cache_dtype)
+                d, self.num_kv_heads, meta.max_decode_context, meta.block_tables.device, kind)
         if meta.has_prefill:
             # prefill rows of the tables, and query offsets relative to the flat batch;
             # copied when decodes come first: a view d rows in is 16-byte aligned only for
