@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backend.layers.linear import DenseLinear
+from backend.layers.linear import DenseLinear, Linear
 
 
 def test_one_bf16_row_runs_the_gemv_and_matches_f_linear(monkeypatch) -> None:
@@ -34,7 +34,6 @@ def test_few_rows_fn_is_forward_on_the_cpu_and_conversions_move_the_generation()
     """On the CPU a dense layer's flat-loop call is its forward (mv, oneDNN, fbgemm choices
     are made there). A conversion replaces the weight's storage: the generation moves, so a
     bound view of the old weight (CUDA's mm) is not used again."""
-    from backend.layers.linear import Linear
     layer = DenseLinear.over(torch.randn(32, 16).bfloat16())
     assert layer.few_rows_fn() == (layer.forward, None)
     at = Linear.generation

@@ -124,6 +124,19 @@ def run(out: Path, model: str, device: str, name: str, source) -> dict:
     return r
 
 
+def per_call_us(fn, reps: int, dev: torch.device, warmup: int = 3) -> float:
+    """Host time of one call of ``fn`` (no sync inside: launches queue on the stream)."""
+    for _ in range(warmup):
+        fn()
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    us = (time.perf_counter() - t0) / reps * 1e6
+    sync(dev)
+    return us
+
+
 def triton_launch_cost(dev: torch.device) -> dict:
     """Host µs per launch of a small Triton kernel with 12 arguments through the JIT's
     ``kernel[grid](...)``, against one torch op."""
@@ -140,31 +153,9 @@ def triton_launch_cost(dev: torch.device) -> dict:
     args = (*x, 1024, 7, 9, 11, 1.0, 2.0, 3.0)
     k12[(1,)](*args, BLOCK=1024)
     sync(dev)
-    res = {}
-    for label, fn in (("jit", lambda: k12[(1,)](*args, BLOCK=1024)),
-                      ("torch_add", lambda: torch.add(x[0], x[1], out=x[3]))):
-        for _ in range(200):
-            fn()
-        sync(dev)
-        t = time.perf_counter()
-        for _ in range(2000):
-            fn()
-        res[label + "_us"] = (time.perf_counter() - t) / 2000 * 1e6
-        sync(dev)
-    return res
-
-
-def per_call_us(fn, reps: int, dev: torch.device) -> float:
-    """Host time of one call of ``fn`` (no sync inside: launches queue on the stream)."""
-    for _ in range(3):
-        fn()
-    sync(dev)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    us = (time.perf_counter() - t0) / reps * 1e6
-    sync(dev)
-    return us
+    calls = (("jit", lambda: k12[(1,)](*args, BLOCK=1024)),
+             ("torch_add", lambda: torch.add(x[0], x[1], out=x[3])))
+    return {label + "_us": per_call_us(fn, 2000, dev, warmup=200) for label, fn in calls}
 
 
 def pieces_us(device: str, reps: int) -> dict:
