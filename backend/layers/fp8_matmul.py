@@ -19,6 +19,7 @@ import os
 import torch
 
 from backend.layers import pdl
+from backend.layers.launch import fast
 from backend.layers.quantize import FP8_AMAX_FLOOR, FP8_MAX, quantize_fp8
 
 try:
@@ -49,6 +50,7 @@ if triton is not None:
                  mask=mask)
         tl.store(s_ptr + row, amax / _MAX_C)
 
+    @fast
     @triton.jit
     def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
                               BLOCK: tl.constexpr, PDL: tl.constexpr):

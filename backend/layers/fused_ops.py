@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.layers import fp8_matmul, pdl
+from backend.layers.launch import fast
 
 try:
     import triton
@@ -103,6 +104,7 @@ if AVAILABLE:
     from backend.layers.pdl import release as pdl_release
     from backend.layers.pdl import wait as pdl_wait
 
+    @fast
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, scale_ptr,
                              stride_x, stride_r, stride_o, stride_ro, N, eps,
@@ -143,6 +145,7 @@ if AVAILABLE:
         o2 = (a2 * c).to(dt).to(tl.float32) + (a1 * s).to(dt).to(tl.float32)
         return o1.to(dt), o2.to(dt)
 
+    @fast
     @triton.jit
     def _rope_kernel(qk_ptr, cos_ptr, sin_ptr, stride_t, stride_h, stride_c, heads,
                      HALF: tl.constexpr, HEADS_P2: tl.constexpr, HALF_P2: tl.constexpr,
@@ -173,6 +176,7 @@ if AVAILABLE:
         act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # F.silu rounds to the dtype
         return (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
 
+    @fast
     @triton.jit
     def _silu_mul_kernel(gu_ptr, out_ptr, stride_g, stride_o, inter,
                          BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -185,6 +189,7 @@ if AVAILABLE:
         y = _silu_mul_values(gu_ptr, t, stride_g, inter, cols, mask)
         tl.store(out_ptr + t * stride_o + cols, y, mask=mask)
 
+    @fast
     @triton.jit
     def _silu_mul_fp8_kernel(gu_ptr, q_ptr, s_ptr, stride_g, stride_q, inter,
                              BLOCK: tl.constexpr, PDL: tl.constexpr):

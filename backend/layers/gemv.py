@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from backend.layers import pdl
+from backend.layers.launch import fast
 
 try:
     import triton
@@ -130,6 +131,7 @@ if triton is not None:
             return 1.0 / tl.sqrt(ss / K + eps)
         return 1.0
 
+    @fast
     @triton.jit
     def _gemv(x_ptr, r_ptr, nw_ptr, ro_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, eps,
               PRO: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from backend.layers.launch import fast
 from backend.layers.quant_kernels import INTERPRET, dequantize_int4
 
 try:
@@ -25,6 +26,7 @@ except ImportError:  # CPU-only installs
 BLOCK_N, BLOCK_COLS = 8, 512  # rows and packed bytes (int4) / codes (int8) per program
 
 if triton is not None:
+    @fast
     @triton.jit
     def _int4_dense_kernel(p_ptr, sm_ptr, w_ptr, N, K, G: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
@@ -64,6 +66,7 @@ if triton is not None:
             tl.store(w_ptr + rn[:, None] * K + col[None, :], w.to(w_ptr.dtype.element_ty),
                      mask=mask)
 
+    @fast
     @triton.jit
     def _int8_dense_kernel(q_ptr, s_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr):

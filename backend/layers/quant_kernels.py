@@ -48,8 +48,9 @@ except ImportError:  # CPU-only installs: the CPU packed ops need no Triton
     triton = None
 
 from backend.layers import pdl, skinny_gemm
-from backend.layers.gpu import multiprocessors
 from backend.layers.gemv import Prologue
+from backend.layers.gpu import multiprocessors
+from backend.layers.launch import fast
 from backend.layers.splits import COUNTERS, added_in_kernel, counters, finish_splits, split_out
 
 if triton is not None:
@@ -150,6 +151,7 @@ INT8_FUSED: dict[tuple[int, int], dict] = {
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 if triton is not None:
+    @fast
     @triton.jit
     def _int8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, EVEN: tl.constexpr,
@@ -183,6 +185,7 @@ if triton is not None:
         s = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
         tl.store(y_ptr + rn, (t * s).to(y_ptr.dtype.element_ty), mask=rn < N)
 
+    @fast
     @triton.jit
     def _int4_gemv(x_ptr, p_ptr, sm_ptr, y_ptr, N, K, G: tl.constexpr,
                    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, MAGIC: tl.constexpr,
@@ -243,6 +246,7 @@ if triton is not None:
         24) reads as exactly n * 2^(P - 149) (subnormal or lowest binade): one AND decodes it."""
         return (w & MASK).to(tl.float32, bitcast=True)
 
+    @fast
     @triton.jit
     def _int8_gemv_words(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, kw, W_SPLIT, r_ptr,
                          nw_ptr, ro_ptr, eps, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -327,6 +331,7 @@ if triton is not None:
             return (a << 16).to(tl.float32, bitcast=True)
         return (a & -65536).to(tl.float32, bitcast=True)
 
+    @fast
     @triton.jit
     def _int4_gemv_words(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw,
                          W_SPLIT, G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
@@ -457,6 +462,7 @@ if triton is not None:
         else:
             tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
+    @fast
     @triton.jit
     def _int8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_SPLIT,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -555,6 +561,7 @@ if triton is not None:
             acc = tl.dot(x_hi, w_hi.to(x_hi.dtype), acc)
         return acc
 
+    @fast
     @triton.jit
     def _int4_gemm(x_ptr, p_ptr, sm_ptr, y_ptr, M, N, K, J_SPLIT, G: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
@@ -578,6 +585,7 @@ if triton is not None:
         pdl_release(PDL)
         _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP, PARTIAL)
 
+    @fast
     @triton.jit
     def _int4_gemm_stream(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
                           TILES_N, STEPS, UNITS, G: tl.constexpr, BLOCK_M: tl.constexpr,

@@ -35,6 +35,7 @@ except ImportError:  # Triton before host-side tensor descriptors: the pointer l
 
 from backend.layers import pdl
 from backend.layers.gpu import multiprocessors
+from backend.layers.launch import fast
 from backend.layers.splits import finish_splits, split_out
 
 if triton is not None:
@@ -117,6 +118,7 @@ def int8_config_for(M: int, N: int, K: int) -> dict | None:
 
 
 if triton is not None:
+    @fast
     @triton.jit
     def _skinny_gemm(x_ptr, w_ptr, b_ptr, s_ptr, y_ptr, M, N, K, K_SPLIT,
                      HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, BLOCK_M: tl.constexpr,

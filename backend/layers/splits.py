@@ -26,6 +26,7 @@ except ImportError:  # CPU-only installs
     triton = None
 
 from backend.layers import pdl
+from backend.layers.launch import fast
 
 if triton is not None:
     from backend.layers.pdl import release as pdl_release
@@ -54,6 +55,7 @@ if triton is not None:
             tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=mask)
             tl.store(cnt_ptr + tile, 0)
 
+    @fast
     @triton.jit
     def _sum_splits(p_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
                     PDL: tl.constexpr):

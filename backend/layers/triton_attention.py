@@ -47,11 +47,12 @@ import triton.language as tl
 from backend.layers import pdl
 from backend.layers.fused_ops import rotate_halves
 from backend.layers.gpu import multiprocessors
+from backend.layers.kv_cache import TRANSPOSED_V
+from backend.layers.launch import fast
 from backend.layers.pdl import release as pdl_release
 from backend.layers.pdl import wait as pdl_wait
 from backend.layers.rounding import rint as _rint
 from backend.layers.rounding import round_to_e4m3 as _round_to_e4m3
-from backend.layers.kv_cache import TRANSPOSED_V
 
 QUANT_CODES = {"auto": 0, "int8": 1, "fp8_e4m3": 2}
 _INT8_MAX = 127.0
@@ -241,6 +242,7 @@ def _attend_tile(q, k, v, slot, nmask, visible, m_i, l_i, acc, qk_scale, scale_p
     return m_new, l_i, acc
 
 
+@fast
 @triton.jit
 def _store_kv_kernel(
         k_ptr, v_ptr, slot_ptr, cache_ptr, scale_ptr, q_ptr, cos_ptr, sin_ptr,
@@ -283,6 +285,7 @@ def _store_kv_kernel(
                    BLOCK_SIZE, QUANT, V_T)
 
 
+@fast
 @triton.jit
 def _store_v_transposed_kernel(v_ptr, slot_ptr, cache_ptr, scale_ptr, T, stride_vt, stride_vh,
                                stride_cs, stride_cc, stride_ch, stride_sc, stride_sh,
@@ -458,6 +461,7 @@ def _widen_f32(x, QUANT: tl.constexpr, WIDEN: tl.constexpr):
 
 # The block-table row stride changes with the step's longest context: not specialised, so
 # a new width never triggers a recompile (a stall) mid-run.
+@fast
 @triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
         q_ptr, cache_ptr, scale_ptr, bt_ptr, ctx_ptr, out_ptr, part_o_ptr, part_lse_ptr,
@@ -527,6 +531,7 @@ def _decode_kernel(
         tl.store(part_lse_ptr + row, lse, mask=gmask)
 
 
+@fast
 @triton.jit
 def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
                   HD: tl.constexpr, HD_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -547,6 +552,7 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
              mask=d < HD)
 
 
+@fast
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
         q_ptr, cache_ptr, scale_ptr, bt_ptr, ctx_ptr, qsl_ptr, out_ptr,

@@ -139,7 +139,8 @@ def per_call_us(fn, reps: int, dev: torch.device, warmup: int = 3) -> float:
 
 def triton_launch_cost(dev: torch.device) -> dict:
     """Host µs per launch of a small Triton kernel with 12 arguments through the JIT's
-    ``kernel[grid](...)``, against one torch op."""
+    ``kernel[grid](...)`` and through ``launch.fast`` (where this tree has it), against one
+    torch op."""
     import triton
     import triton.language as tl
 
@@ -153,8 +154,15 @@ def triton_launch_cost(dev: torch.device) -> dict:
     args = (*x, 1024, 7, 9, 11, 1.0, 2.0, 3.0)
     k12[(1,)](*args, BLOCK=1024)
     sync(dev)
-    calls = (("jit", lambda: k12[(1,)](*args, BLOCK=1024)),
-             ("torch_add", lambda: torch.add(x[0], x[1], out=x[3])))
+    calls = [("jit", lambda: k12[(1,)](*args, BLOCK=1024)),
+             ("torch_add", lambda: torch.add(x[0], x[1], out=x[3]))]
+    try:
+        from backend.layers import launch
+    except ImportError:  # a tree before the fast launch
+        launch = None
+    if launch is not None and launch.ENABLED:
+        k12f = launch.fast(k12)
+        calls.append(("fast", lambda: k12f[(1,)](*args, BLOCK=1024)))
     return {label + "_us": per_call_us(fn, 2000, dev, warmup=200) for label, fn in calls}
 
 
@@ -245,6 +253,14 @@ def main() -> None:
         res["triton"] = triton.__version__
         res["launch"] = triton_launch_cost(torch.device(device))
         res["pieces_us"] = pieces_us(device, 200)
+        try:
+            from backend.layers import launch
+        except ImportError:  # a tree before the fast launch
+            launch = None
+        if launch is not None and launch.ENABLED:  # the same pieces through the JIT's launch
+            launch.ENABLED = False
+            res["pieces_us_jit_launch"] = pieces_us(device, 200)
+            launch.ENABLED = True
         if os.environ.get("DECODE_GPU", "1") == "1":
             res["decode_gpu_us"] = decode_gpu_us(device)
     (out / "probe.json").write_text(json.dumps(res, indent=1) + "\n")
