@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call: the fast Triton launch (backend/layers/launch.py) on CUDA.
 #  1. its tests and the fused ops' on CUDA (compiled kernels, fast launches in them);
-#  2. the ablation's eager rows 3-4 with the fast launch on, off, on again (one process
+#  2. the ablation's eager rows 3-4 with the fast launch on, then off (one process
 #     each; FIRSTTOKEN_FAST_LAUNCH), then rows 1, 2 and 5 with it on;
 #  3. the eager-host probe (row 3): host µs per launch and per step piece, both ways;
 #  4. the Triton attention tests on CUDA, in what time is left.
@@ -24,14 +24,13 @@ abl() {  # tag fast rows seconds
 }
 abl rows34-on 1 3,4 75
 abl rows34-off 0 3,4 75
-abl rows34-on2 1 3,4 75
 abl rows125-on 1 1,2,5 110
 DECODE_GPU=0 timeout 100 python3 docs/benchmarks/step/eager-host/probe.py $D/probe \
   synthetic:llama-2-7b cuda row3 > $D/probe.log 2>&1; echo "== probe rc=$?"
 python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['rows'][0]); \
 print(r['launch']); print(r['pieces_us']); print(r.get('pieces_us_jit_launch'))" $D/probe/probe.json
 save
-timeout ${ATTN_S:-120} python3 -m pytest -q -x -p no:cacheprovider \
+timeout ${ATTN_S:-90} python3 -m pytest -q -x -p no:cacheprovider \
   tests/backend/layers/test_triton_attention.py > $D/pytest-attention.log 2>&1
 echo "== pytest attention rc=$?"; tail -3 $D/pytest-attention.log; save
 rm -rf $D
