@@ -24,13 +24,13 @@ abl() {  # tag fast rows seconds
 }
 abl rows34-on 1 3,4 75
 abl rows34-off 0 3,4 75
-abl rows125-on 1 1,2,5 110
+abl rows125-on 1 1,2,5 100
 DECODE_GPU=0 timeout 100 python3 docs/benchmarks/step/eager-host/probe.py $D/probe \
   synthetic:llama-2-7b cuda row3 > $D/probe.log 2>&1; echo "== probe rc=$?"
 python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['rows'][0]); \
 print(r['launch']); print(r['pieces_us']); print(r.get('pieces_us_jit_launch'))" $D/probe/probe.json
 save
-timeout ${ATTN_S:-90} python3 -m pytest -q -x -p no:cacheprovider \
+timeout ${ATTN_S:-60} python3 -m pytest -q -x -p no:cacheprovider \
   tests/backend/layers/test_triton_attention.py > $D/pytest-attention.log 2>&1
 echo "== pytest attention rc=$?"; tail -3 $D/pytest-attention.log; save
 rm -rf $D
