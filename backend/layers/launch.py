@@ -3,8 +3,10 @@
 ``kernel[grid](...)`` through Triton's JIT binds every argument and specialises it (dtype,
 16-byte alignment, integers equal to 1 or multiples of 16), then builds a cache key from
 the specialisation and ``str`` of the options, reads the debug knobs, checks the kernel's
-globals and makes launch metadata: 13 µs of host time for a 12-argument kernel on an
-H200's host against 6 for a torch op, and more for the decode attention's 33 arguments.
+globals and makes launch metadata: 13-15 µs of host time for a 12-argument kernel on an
+H200's or H100's host against 6-7 for a torch op, and more for the decode attention's 33
+arguments (10 µs for the 12-argument kernel through this module: docs/BENCHMARKS.md,
+"Triton launches without the JIT's binding").
 Inside a CUDA graph that cost is paid once at capture; outside one the host launches every
 kernel of a step (two to six of ours a layer, with cuBLAS and torch ops between), and at
 small batches the host is what the step waits for.
