@@ -40,8 +40,7 @@ try:
 except ImportError:  # no Triton, or one before its knobs module (its launch takes other hooks)
     _knobs = None
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-ENABLED = os.environ.get("FIRSTTOKEN_FAST_LAUNCH", "1") != "0" and not INTERPRET
+ENABLED = os.environ.get("FIRSTTOKEN_FAST_LAUNCH", "1") != "0"
 
 # Signatures kept per kernel before the table is cleared: integers are keyed by value,
 # and a few (token counts, block-table widths) take many values over a server's life.
@@ -141,6 +140,7 @@ class FastKernel:
     def _layout(self, args: tuple):
         """The key function for calls of this layout, or None where the fast path does not
         apply to this kernel or layout."""
+        # an interpreted kernel (TRITON_INTERPRET) has no parameter records: nothing compiled
         if _knobs is None or getattr(self.fn, "pre_run_hooks", None) or \
                 not hasattr(self.fn, "params"):
             return None

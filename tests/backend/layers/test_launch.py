@@ -5,6 +5,7 @@ the real kernels, bit for bit."""
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 import torch
@@ -169,11 +170,21 @@ def test_the_table_is_bounded(on, monkeypatch):
     assert 1 <= k.entries() <= 4
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or launch.INTERPRET,
+def test_an_interpreted_kernel_stays_with_the_jit(on):
+    jit = _Jit()
+    del jit.params  # as Triton's InterpretedFunction: no parameter records
+    k = launch.fast(jit)
+    x = torch.zeros(8)
+    for _ in range(2):
+        k[(1,)](x, x, 8, 1.0, BLOCK=4)
+    assert len(jit.jit_calls) == 2 and k.entries() == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                     reason="needs CUDA and compiled Triton kernels")
 def test_cuda_fast_launches_give_the_same_bits():
+    from backend.layers import fused_ops
     from backend.layers import triton_attention as ta
-    from backend.layers.fused_ops import add_rms_norm_triton
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
@@ -181,11 +192,10 @@ def test_cuda_fast_launches_give_the_same_bits():
     res = torch.randn(9, 4096, device=dev, dtype=dt, generator=g)
     w = torch.randn(4096, device=dev, dtype=dt, generator=g)
     for view in (x[:, :4096], x[:, 4:]):  # aligned, then 8 bytes off
-        want = add_rms_norm_triton(view, res, w, 1e-5)
+        want = fused_ops.add_rms_norm_triton(view, res, w, 1e-5)
         for _ in range(3):
-            got = add_rms_norm_triton(view, res, w, 1e-5)
+            got = fused_ops.add_rms_norm_triton(view, res, w, 1e-5)
             assert all(torch.equal(a, b) for a, b in zip(got, want))
-    from backend.layers import fused_ops
     assert fused_ops._add_rms_norm_kernel.entries() >= 2  # one per alignment
 
     B, H, hd, bs, blocks = 8, 32, 128, 16, 64

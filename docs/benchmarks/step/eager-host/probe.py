@@ -31,6 +31,11 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.weights.loader import load_model_source
 
+try:
+    from backend.layers import launch
+except ImportError:  # a tree before the fast launch (ab.sh's "before")
+    launch = None
+
 # batch, KV dtype, attention on CUDA (the CPU runs sdpa for all)
 CONFIGS = {"row1": (1, "auto", "math"), "row2": (1, "auto", "triton"),
            "row3": (8, "auto", "triton"), "row4": (8, "int8", "triton")}
@@ -156,10 +161,6 @@ def triton_launch_cost(dev: torch.device) -> dict:
     sync(dev)
     calls = [("jit", lambda: k12[(1,)](*args, BLOCK=1024)),
              ("torch_add", lambda: torch.add(x[0], x[1], out=x[3]))]
-    try:
-        from backend.layers import launch
-    except ImportError:  # a tree before the fast launch
-        launch = None
     if launch is not None and launch.ENABLED:
         k12f = launch.fast(k12)
         calls.append(("fast", lambda: k12f[(1,)](*args, BLOCK=1024)))
@@ -253,10 +254,6 @@ def main() -> None:
         res["triton"] = triton.__version__
         res["launch"] = triton_launch_cost(torch.device(device))
         res["pieces_us"] = pieces_us(device, 200)
-        try:
-            from backend.layers import launch
-        except ImportError:  # a tree before the fast launch
-            launch = None
         if launch is not None and launch.ENABLED:  # the same pieces through the JIT's launch
             launch.ENABLED = False
             res["pieces_us_jit_launch"] = pieces_us(device, 200)
