@@ -16,6 +16,17 @@ from backend.schema import describe
 from backend.server.config import DEFAULT_MODEL, PROFILE_TOKEN_ENV, ServerConfig
 
 
+def _rows_or_auto(value: str) -> int | None:
+    """``auto`` (None: measured) or a row count."""
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a row count, got {value!r}") \
+            from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m backend",
@@ -73,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory the weight copies may take under --prefill-dense-weights "
                         f"auto (default: {PREFILL_DENSE_MAX_GIB:g} GiB on the CPU, on a GPU "
                         f"{GPU_PREFILL_DENSE_SHARE * 100:g}%% of its memory)")
+    p.add_argument("--gpu-copy-min-rows", type=_rows_or_auto, default=None, metavar="ROWS",
+                   help="on CUDA, from how many rows a step multiplies the quantised layers' "
+                        "dense copies (--prefill-dense-weights) instead of their codes: auto "
+                        "= timed at start for each layer shape on this GPU, the copy from "
+                        "the row count where it wins (default: auto)")
     p.add_argument("--cpu-aot-kernels", default="auto", choices=CPU_AOT_MODES,
                    help="one-token CPU steps through code compiled ahead of time, kept in the "
                         "weights cache (the int8 LM head's GEMV, the quantised layers' work "
@@ -139,7 +155,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         weights_dtype=args.weights_dtype, int4_group_size=args.int4_group_size,
         lm_head_dtype=args.lm_head_dtype, weights_scaling=args.weights_scaling,
         prefill_dense_weights=args.prefill_dense_weights,
-        prefill_dense_max_gib=args.prefill_dense_max_gib, cpu_aot_kernels=args.cpu_aot_kernels,
+        prefill_dense_max_gib=args.prefill_dense_max_gib,
+        gpu_copy_min_rows=args.gpu_copy_min_rows, cpu_aot_kernels=args.cpu_aot_kernels,
         cpu_int4_activations=args.cpu_int4_activations,
         kv_cache_memory_gib=args.kv_cache_memory, block_size=args.block_size,
         cuda_graph=args.cuda_graph, cuda_graph_max_tokens=args.cuda_graph_max_tokens,

@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--int4-group-size", type=int, default=32)
     p.add_argument("--lm-head-dtype", default="auto", help="as the backend's flag")
     p.add_argument("--prefill-dense-weights", default="auto", help="as the backend's flag")
+    p.add_argument("--gpu-copy-min-rows", type=int, default=None,
+                   help="as the backend's flag (default: timed at start)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--warmup", type=int, default=10, help="decode steps before measuring")
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig(device=a.device, dtype=a.dtype, weights_dtype=a.weights_dtype,
                           int4_group_size=a.int4_group_size, lm_head_dtype=a.lm_head_dtype,
                           prefill_dense_weights=a.prefill_dense_weights,
-                          max_num_seqs=max(a.batch),
+                          gpu_copy_min_rows=a.gpu_copy_min_rows, max_num_seqs=max(a.batch),
                           max_num_batched_tokens=max(2048, a.prompt_tokens),
                           kv_cache_memory_gib=a.kv_cache_memory, cuda_graph=a.cuda_graph,
                           async_scheduling=a.async_scheduling, max_model_len=a.max_model_len)
@@ -187,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         st = engine.stats()
         r["weights"], r["lm_head"] = st.weights_format, st.lm_head_format
         r["dense_copies"] = st.prefill_dense_weights.get("enabled", False)
+        r["gpu_copy_rows"] = st.gpu_copy_rows
         if a.steps == 0:
             print(json.dumps(r), flush=True)
             continue

@@ -91,6 +91,9 @@ class EngineConfig(Schema):
     prefill_dense_weights: str = "auto"
     # auto's budget; None = by device (``prefill_dense_budget``)
     prefill_dense_max_gib: float | None = Field(None, ge=0)
+    # On CUDA, from how many rows a step multiplies by those copies instead of the codes:
+    # None = measured at start for each layer shape (backend.layers.copy_rows)
+    gpu_copy_min_rows: int | None = Field(None, ge=1)
     # One-token CPU steps through code compiled ahead of time (backend.engine.aot_kernels):
     # the int8 LM head's GEMV and the quantised layers' work between attention calls. auto =
     # where a package is in the weights cache; build = compile what is missing at start

@@ -295,6 +295,7 @@ class LLMEngine:
                            lm_head_kernel=self.runner.lm_head_kernel(),
                            cpu_aot_kernels=self.runner.aot_kernels.as_dict(),
                            prefill_dense_weights=self.runner.prefill_dense.as_dict(),
+                           gpu_copy_rows=self.runner.gpu_copy_rows.as_dict(),
                            weights_scaling=self.runner.weights_scaling.as_dict(),
                            compile=self.runner.compile_info.as_dict(),
                            async_scheduling=self.async_scheduling,

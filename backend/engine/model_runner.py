@@ -21,8 +21,9 @@ from backend.engine.sampler import Sampler
 from backend.engine.scheduler import ScheduledBatch
 from backend.engine.step_ops import apply_step_ops, resolve_step_ops
 from backend.engine.step_inputs import HostStep, build_step, split_on_device
-from backend.layers import cpu_fp16, cpu_paged_decode
+from backend.layers import copy_rows, cpu_fp16, cpu_paged_decode
 from backend.layers.attention import Attention, AttentionMetadata
+from backend.layers.copy_rows import CopyRows
 from backend.layers.kv_cache import KVCache, bytes_per_block
 from backend.layers.linear import (PrefillDense, WeightFormat, keep_prefill_dense,
                                    keeps_file_codes, resolve_weight_format)
@@ -130,6 +131,7 @@ class ModelRunner:
         if self.device.type != "cuda":
             self._keep_prefill_dense()
         return_freed_heap()
+        self.gpu_copy_rows = self._gpu_copy_rows()
         # [max_num_seqs] long: the latest step's sampled ids, where the next step's inputs
         # read tokens the host has not seen yet (a fixed buffer: CUDA graphs read it too)
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,
@@ -236,6 +238,18 @@ class ModelRunner:
         elif self.prefill_dense.needed_bytes:
             log.info("no dense weight copies: %s (--prefill-dense-weights on keeps them)",
                      self.prefill_dense.reason)
+
+    def _gpu_copy_rows(self) -> CopyRows:
+        """On CUDA, from how many rows each layer keeping a dense copy multiplies by it
+        (before the decode graphs: they capture the path each layer takes)."""
+        if self.device.type != "cuda":
+            return CopyRows("none", {}, {}, 0.0, "the CPU's crossovers are fixed (cpu_dequant)")
+        chosen = copy_rows.choose(self.model.modules(), self.config.gpu_copy_min_rows,
+                                  self.model.ops.few_token_matmul)
+        if chosen.mode == "measured":
+            log.info("dense copies from %s rows (timed in %.2f s)",
+                     ", ".join(f"{k}: {v}" for k, v in chosen.rows.items()), chosen.seconds)
+        return chosen
 
     def _num_blocks(self, cfg) -> int:
         per_block = bytes_per_block(cfg.num_hidden_layers, self.block_size,

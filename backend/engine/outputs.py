@@ -51,6 +51,8 @@ class EngineStats:
     cpu_aot_kernels: dict = field(default_factory=dict)
     # the CPU's dense prefill copies of quantised layers (PrefillDense.as_dict())
     prefill_dense_weights: dict = field(default_factory=dict)
+    # on CUDA, from how many rows the layers use those copies (CopyRows.as_dict())
+    gpu_copy_rows: dict = field(default_factory=dict)
     weights_scaling: dict = field(default_factory=dict)
     # how the work between attention calls ran: {"enabled", "step_ops", "pieces", "seconds"}
     compile: dict = field(default_factory=dict)

@@ -49,12 +49,12 @@ WEIGHT_DTYPES = ("auto", "bf16", "fp16", "fp32", "int8", "int4", "fp8")
 LM_HEAD_DTYPES = ("model", "int8", "int4")
 DENSE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TRITON_MAX_M = 128  # tokens per step up to which the Triton kernels run on CUDA
-# On CUDA, from how many rows a kept dense copy (``keep_prefill_dense``) replaces the codes:
-# past the 64-row tiles. Llama-2-7B, decode steps at 512-token contexts (H100, 2026-12-05,
-# docs/BENCHMARKS.md "Dense copies of quantised layers on CUDA"): at batch 64 the int4 codes
-# took 11.5 ms, the copies 12.2-12.6, bf16 12.9-13.1 (on an H200 int4 was 1.3-2 % slower
-# than bf16 there); at batch 128 the copies 19.2 ms, the int4 codes 21.1-21.3, int8's 20.7,
-# bf16 19.5-20.3.
+# On CUDA, from how many rows a kept dense copy (``keep_prefill_dense``) replaces the codes
+# where the engine does not measure it at start (``copy_rows.choose``): past the 64-row
+# tiles. Llama-2-7B, decode steps at 512-token contexts (H100, 2026-12-05, docs/BENCHMARKS.md
+# "Dense copies of quantised layers on CUDA"): at batch 64 the int4 codes took 11.5 ms, the
+# copies 12.2-12.6, bf16 12.9-13.1 (on an H200 int4 was 1.3-2 % slower than bf16 there); at
+# batch 128 the copies 19.2 ms, the int4 codes 21.1-21.3, int8's 20.7, bf16 19.5-20.3.
 GPU_COPY_MIN_ROWS = {"int4": 65, "int8": 65}
 PREFILL_DENSE_MODES = ("auto", "on", "off")
 ONE_ROW_AOT_KERNEL = "aot-inductor-int8-gemv"  # ``Int8Linear.one_row``'s name in /health
@@ -171,6 +171,12 @@ def keep_prefill_dense(layers: Iterable[Linear], mode: str, max_bytes: int
     held = [m.keep_prefill_dense(keep) for m in quantised]
     return PrefillDense(mode, keep, sum(1 for b in held if b), sum(held), needed, budget,
                         reason)
+
+
+def kept_copies(layers: Iterable[nn.Module]) -> list[_QuantizedLinear]:
+    """The quantised layers among ``layers`` that hold a dense copy of their weight."""
+    return [m for m in layers
+            if isinstance(m, _QuantizedLinear) and m.prefill_weight is not None]
 
 
 def frozen(t: torch.Tensor) -> nn.Parameter:
@@ -448,6 +454,9 @@ class _QuantizedLinear(Linear):
         # from how many rows a kept copy is used: the block layers' crossover by default; the
         # model gives its LM head the head's (``cpu_dequant.HEAD_COPY_MIN_ROWS``)
         self.copy_min_rows = cpu_dequant.COPY_MIN_ROWS
+        # on CUDA from how many rows: ``copy_rows.choose`` sets it per layer at start
+        # (measured by default), else the fixed crossover
+        self.gpu_copy_min_rows = GPU_COPY_MIN_ROWS.get(self.copy_kind, TRITON_MAX_M + 1)
 
     def load_rows(self, rows: slice, value: torch.Tensor | GroupQuantized) -> None:
         n = len(range(*rows.indices(self.out_features)))
@@ -502,7 +511,7 @@ class _QuantizedLinear(Linear):
         activations' dtype), else None."""
         w = self.prefill_weight
         if (w is None or self.device.type != "cuda" or w.dtype != x.dtype
-                or x.shape[0] < GPU_COPY_MIN_ROWS[self.copy_kind]):
+                or x.shape[0] < self.gpu_copy_min_rows):
             return None
         return w
 

@@ -118,6 +118,7 @@ async def health(request: web.Request) -> web.Response:
         "lm_head_dtype": s.lm_head_format, "lm_head_kernel": s.lm_head_kernel,
         "cpu_aot_kernels": s.cpu_aot_kernels, "one_token_kernel": s.one_token_kernel,
         "prefill_kernel": s.prefill_kernel, "prefill_dense_weights": s.prefill_dense_weights,
+        "gpu_copy_rows": s.gpu_copy_rows,
         "weights_scaling": s.weights_scaling,
         "compile": s.compile,
         "kv_blocks_used": s.kv_blocks_used, "kv_blocks_total": s.kv_blocks_total,

@@ -125,6 +125,10 @@ def test_auto_keeps_them_within_the_budget_and_the_engine_reports_it():
                                         max_model_len=512, kv_cache_memory_gib=0.5,
                                         max_num_seqs=64), source)
         reports[mode] = engine.stats().prefill_dense_weights
+        rows = engine.stats().gpu_copy_rows
+        # timed at start where copies are kept, one crossover per layer shape
+        assert rows["mode"] == ("measured" if mode == "on" else "none"), rows
+        assert mode == "off" or len(rows["rows"]) >= 3
         params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
         outs[mode] = engine.generate([list(range(3, 203))], params)
     assert reports["on"]["enabled"] and reports["on"]["bytes"] > 0

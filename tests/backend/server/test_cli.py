@@ -47,6 +47,10 @@ def test_flags_map_onto_engine_and_server_config():
     p = config_from_args(build_parser().parse_args([
         "--prefill-dense-weights", "off", "--prefill-dense-max-gib", "0.25"]))
     assert (p.engine.prefill_dense_weights, p.engine.prefill_dense_max_gib) == ("off", 0.25)
+    assert d.engine.gpu_copy_min_rows is None  # auto: measured at start on CUDA
+    for value, rows in (("auto", None), ("48", 48)):
+        assert config_from_args(build_parser().parse_args(
+            ["--gpu-copy-min-rows", value])).engine.gpu_copy_min_rows == rows
     assert d.engine.weights_scaling == "activation"
     assert d.engine.cpu_aot_kernels == "auto"
     assert config_from_args(build_parser().parse_args(
@@ -61,6 +65,7 @@ def test_bad_flags_are_usage_errors():
                  ["--max-prefill-tokens", "4096"], ["--cuda-graph-max-tokens", "-1"],
                  ["--scheduling", "static", "--prefill-priority"],
                  ["--prefill-dense-weights", "always"], ["--prefill-dense-max-gib", "-1"],
+                 ["--gpu-copy-min-rows", "0"], ["--gpu-copy-min-rows", "many"],
                  ["--weights-scaling", "awq"]):
         r = subprocess.run([sys.executable, "-m", "backend", *argv], capture_output=True,
                            text=True, timeout=60)
@@ -111,6 +116,8 @@ def test_cli_serves_and_stops_on_sigterm(tmp_path):
         dense = health["prefill_dense_weights"]
         assert (dense["mode"], dense["enabled"], dense["layers"]) == ("auto", True, 9)
         assert dense["bytes"] == dense["needed_bytes"] > 0
+        # the rows from which CUDA layers use the copies: nothing to time on the CPU
+        assert (health["gpu_copy_rows"]["mode"], health["gpu_copy_rows"]["rows"]) == ("none", {})
         # synthetic weights: no text to calibrate on, so plain rounding, said as such
         scaling = health["weights_scaling"]
         assert (scaling["mode"], scaling["applied"]) == ("activation", False)
