@@ -99,9 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int4 layers' calls of few rows (decode steps) on the CPU: int8x2 / "
                         "int8 = the activations rounded per block of 32 to int8 twice (~15 "
                         "bits, torch's kernel's accuracy) or once (+1.5%% perplexity, faster), "
-                        "multiplied with the codes by AVX-512 VNNI dot products (a C++ op "
-                        "built with the kernels of --cpu-aot-kernels, not with off; CPUs without "
-                        "VNNI keep torch's kernel): 8-13%% faster decode steps at batch 1-8; "
+                        "multiplied with the codes by integer dot products (AVX-512 VNNI, or "
+                        "AVX2; a C++ op built with the kernels of --cpu-aot-kernels, not with "
+                        "off; other CPUs keep torch's kernel): 8-13%% faster decode steps at "
+                        "batch 1-8 with VNNI; with AVX2 alone auto keeps a file's int4 codes "
+                        "only where the op is built; "
                         "model = torch's int4 kernel (default: %(default)s)")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GiB",
                    help="KV cache size in GiB (default: sized from free memory)")

@@ -45,6 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prefill-dense-weights", default="auto", help="as the backend's flag")
     p.add_argument("--gpu-copy-min-rows", type=int, default=None,
                    help="as the backend's flag (default: timed at start)")
+    p.add_argument("--cpu-int4-activations", default="int8x2", help="as the backend's flag")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--warmup", type=int, default=10, help="decode steps before measuring")
@@ -174,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig(device=a.device, dtype=a.dtype, weights_dtype=a.weights_dtype,
                           int4_group_size=a.int4_group_size, lm_head_dtype=a.lm_head_dtype,
                           prefill_dense_weights=a.prefill_dense_weights,
-                          gpu_copy_min_rows=a.gpu_copy_min_rows, max_num_seqs=max(a.batch),
+                          gpu_copy_min_rows=a.gpu_copy_min_rows,
+                          cpu_int4_activations=a.cpu_int4_activations, max_num_seqs=max(a.batch),
                           max_num_batched_tokens=max(2048, a.prompt_tokens),
                           kv_cache_memory_gib=a.kv_cache_memory, cuda_graph=a.cuda_graph,
                           async_scheduling=a.async_scheduling, max_model_len=a.max_model_len)
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         r = profile_batch(engine, last, batch, a, source.config.vocab_size, gpm)
         st = engine.stats()
         r["weights"], r["lm_head"] = st.weights_format, st.lm_head_format
+        r["linear_kernel"], r["one_token_kernel"] = st.linear_kernel, st.one_token_kernel
         r["dense_copies"] = st.prefill_dense_weights.get("enabled", False)
         r["gpu_copy_rows"] = st.gpu_copy_rows
         if a.steps == 0:

@@ -81,6 +81,18 @@ def attach(model: LlamaModel, attn: Attention, mode: str,
                    int4_w4a8=w4a8)
 
 
+def int4_op_ready(mode: str, activations: str) -> bool:
+    """Whether int4 layers on this CPU would run their few-row calls through the int4 x int8
+    op: asked for (``activations``, ``mode``), a build for this CPU, and its library in the
+    kernels directory or ``mode`` build (``make model`` builds it for the embedded model).
+    Checked before the weights are loaded, so ``--weights-dtype auto`` keeps a file's int4
+    codes only where they will not fall to torch's int4 kernel, which without AVX-512 runs
+    unvectorised."""
+    if activations == "model" or mode == "off" or cpu_w4a8.why_not_here() is not None:
+        return False
+    return mode == "build" or (kernels_dir() / cpu_w4a8.library_name()).is_file()
+
+
 def _int4_layers(model: LlamaModel) -> list[Int4Linear]:
     return [m for m in model.modules() if isinstance(m, Int4Linear)]
 

@@ -102,8 +102,8 @@ class EngineConfig(Schema):
     # int4 layers' calls of few rows on the CPU (decode steps): int8x2 / int8 = the
     # activations rounded per block of 32 to int8 twice (the value, then its remainder, ~15
     # bits) or once, times the codes by integer dot products (backend.layers.cpu_w4a8, AVX-512
-    # VNNI; built and loaded with the kernels above, so not with cpu_aot_kernels off; other
-    # CPUs keep torch's kernel); model = torch's int4 kernel on activations in the model
+    # VNNI or AVX2; built and loaded with the kernels above, so not with cpu_aot_kernels off;
+    # other CPUs keep torch's kernel); model = torch's int4 kernel on activations in the model
     # dtype. int8x2 is torch's kernel's accuracy, and a row's result does not depend on the
     # rows sharing its call; both differ from the dense copies of many-row steps by the same
     # ~0.26 % (docs/BENCHMARKS.md)

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from backend.engine import aot_kernels
 from backend.engine.aot_kernels import AotKernels
 from backend.engine.aot_kernels import attach as attach_aot_kernels
 from backend.engine.config import EngineConfig, prefill_dense_budget
@@ -148,13 +149,18 @@ class ModelRunner:
             else WeightFormat()
         fmt = resolve_weight_format(config.weights_dtype, config.int4_group_size,
                                     source.weight_quantization,
-                                    self.device.type == "cuda" or cpu_packed_kernels_fast(),
-                                    dense)
+                                    self._codes_fast(config, source.weight_quantization), dense)
         head_dtype = config.lm_head_dtype
-        if head_dtype == "auto":  # the file's Q8_0 head beside quantised layers
-            head_dtype = "int8" if fmt.kind != "dense" and \
-                source.head_quantization == "int8" else "model"
-        if head_dtype != "model":
+        if head_dtype == "auto":
+            # the file's Q8_0 head beside quantised layers, where int8 matmuls are fast;
+            # else auto's float choice for this machine (fp16 where fbgemm runs it): the
+            # head is a small model's largest matmul, and torch's int8 kernel without
+            # AVX-512 took 20-136 ms at 1-4 rows for SmolLM2's (docs/BENCHMARKS.md)
+            int8_fast = self.device.type == "cuda" or cpu_packed_kernels_fast()
+            head = WeightFormat.parse("int8", config.int4_group_size) \
+                if fmt.kind != "dense" and source.head_quantization == "int8" and int8_fast \
+                else dense
+        elif head_dtype != "model":
             head = WeightFormat.parse(head_dtype, config.int4_group_size)
         else:  # the model dtype, or auto's fp16: the head is a small model's largest matmul
             head = fmt if fmt == dense else WeightFormat()
@@ -193,6 +199,16 @@ class ModelRunner:
             log.info("weights: %d layers packed for fbgemm in %.1f s", packed,
                      time.perf_counter() - t0)
         return model, report
+
+    def _codes_fast(self, config: EngineConfig, native: str | None) -> bool:
+        """Whether ``--weights-dtype auto`` keeps a file's codes (``native``): on CUDA; on a
+        CPU where torch's packed kernels are vectorised (AVX-512); and a file's int4 codes
+        where the int4 x int8 op will serve them (``aot_kernels.int4_op_ready``: its AVX2
+        build decoded SmolLM2 faster than fp16 weights through fbgemm, docs/BENCHMARKS.md)."""
+        if self.device.type == "cuda" or cpu_packed_kernels_fast():
+            return True
+        return native == "int4" and aot_kernels.int4_op_ready(config.cpu_aot_kernels,
+                                                              config.cpu_int4_activations)
 
     def _auto_fp16(self, config: EngineConfig) -> bool:
         """Whether ``--weights-dtype auto`` stores float weights as fp16 (``cpu_fp16``): on

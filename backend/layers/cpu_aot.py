@@ -165,6 +165,16 @@ def no_compiler() -> str | None:
     return None
 
 
+# (name, /proc/cpuinfo flags it needs, compiler flags): one build of a C++ source each
+Isa = tuple[str, tuple[str, ...], tuple[str, ...]]
+
+
+def first_isa(isas: tuple[Isa, ...]) -> Isa | None:
+    """The first of ``isas`` whose CPU flags this machine has, or None."""
+    flags = set(cpu_info().get("flags", "").split())
+    return next((isa for isa in isas if flags.issuperset(isa[1])), None)
+
+
 def library_name(prefix: str, source: Path, flags: tuple[str, ...], extra: str = "") -> str:
     """A library's file name: ``prefix``, a digest of its source, flags and ``extra`` (what
     else it was built against), and the CPU (``cpu_tag``)."""

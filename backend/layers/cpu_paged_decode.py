@@ -1,6 +1,6 @@
 """Decode attention on the CPU that reads the paged KV cache in place (``csrc/
 paged_decode_cpu.cpp``), for bf16 / float32 caches and int8 caches in the torch path's
-layout (a scale per token, K/V and head) on CPUs with AVX-512F.
+layout (a scale per token, K/V and head) on CPUs with AVX-512F or AVX2.
 
 The torch path (``attention.Attention._decode``) gathers each decode row's whole context
 from the cache into a dense copy (``index_select``) and hands it to SDPA: on a 2-core VM,
@@ -12,7 +12,7 @@ rows' output in the model dtype. For an int8 cache the same library also quantis
 stores each step's K and V in one pass (``store_int8``, the bits of ``kv_cache.quantise``),
 where torch took a stack, six elementwise ops and two copies a layer.
 
-It is C++ with AVX-512 intrinsics behind plain C functions, compiled with the system's C++
+It is C++ with AVX-512 (or, in a second build, AVX2) intrinsics behind plain C functions, compiled with the system's C++
 compiler (a few seconds; no torch headers) into a shared library named for its source,
 flags and CPU, and called through ``ctypes``: built once per machine beside the other CPU
 kernels (``backend.engine.aot_kernels``), loaded at start.
@@ -29,7 +29,11 @@ from backend.layers import cpu_aot
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_cpu.cpp"
 # its part of ``EngineStats.attention_kernel`` where decode rows run it ("cpu_flash+...")
 KERNEL_NAME = "cpu_paged_decode"
-FLAGS = ("-O3", "-mavx512f", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+_COMMON = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+# The builds, the first whose CPU flags this machine has: 16 floats in one AVX-512 register,
+# or in two AVX2 ones
+ISAS = (("avx512f", ("avx512f",), ("-mavx512f",)),
+        ("avx2", ("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")))
 HEAD_DIMS = (16, 32, 64, 128, 256)
 MAX_GROUP = 8  # query heads per KV head
 DTYPES = {torch.bfloat16: 1, torch.float32: 0}  # q and the output: the model dtype
@@ -38,10 +42,17 @@ CACHE_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the cache'
 MIN_SPAN = 64
 
 
+def flags() -> tuple[str, ...]:
+    """The compiler flags of this CPU's build (``ISAS``); the first build's elsewhere."""
+    isa = cpu_aot.first_isa(ISAS) or ISAS[0]
+    return (*_COMMON, *isa[2])
+
+
 def why_not_here() -> str | None:
     """Why this machine cannot build the kernel, or None."""
-    if "avx512f" not in cpu_aot.cpu_info().get("flags", "").split():
-        return "the CPU has no AVX-512F (the torch path serves decode attention)"
+    if cpu_aot.first_isa(ISAS) is None:
+        return ("the CPU has neither AVX-512F nor AVX2 with FMA and F16C (the torch path "
+                "serves decode attention)")
     if not SOURCE.is_file():
         return f"its source {SOURCE.name} is not installed beside this module"
     return cpu_aot.no_compiler()
@@ -49,13 +60,13 @@ def why_not_here() -> str | None:
 
 def library_name() -> str:
     """The file name: a digest of the source and flags, and the CPU (``cpu_aot.cpu_tag``)."""
-    return cpu_aot.library_name("paged-decode", SOURCE, FLAGS)
+    return cpu_aot.library_name("paged-decode", SOURCE, flags())
 
 
 def build(directory: Path) -> float:
     """Compiles the library into ``directory`` (a no-op when another process built it
     meanwhile); the seconds spent. Raises where it cannot (see ``why_not_here``)."""
-    return cpu_aot.build_library(Path(directory) / library_name(), SOURCE, list(FLAGS),
+    return cpu_aot.build_library(Path(directory) / library_name(), SOURCE, list(flags()),
                                  why_not_here())
 
 

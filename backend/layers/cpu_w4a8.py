@@ -1,5 +1,6 @@
 """int4 weight codes times int8 activations on the CPU (``csrc/int4_w4a8_cpu.cpp``): the op
-``torch.ops.firsttoken.int4_w4a8_mm`` for matmuls of a few rows, on CPUs with AVX-512 VNNI.
+``torch.ops.firsttoken.int4_w4a8_mm`` for matmuls of a few rows, on CPUs with AVX-512 VNNI
+or AVX2 (a build of the source for each, ``ISAS``).
 
 torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) widens each code to float and does a
 float FMA per weight; with more than one row its cost grows with the rows. This op
@@ -28,9 +29,13 @@ import torch
 from backend.layers import cpu_aot, cpu_dequant
 
 SOURCE = Path(__file__).with_name("csrc") / "int4_w4a8_cpu.cpp"
-FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-fopenmp",
-         "-shared", "-fPIC", "-std=c++17")
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+_COMMON = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+# The builds, the first whose CPU flags this machine has: (name, /proc/cpuinfo flags,
+# compiler flags). AVX-512 VNNI's dot products take 4 bytes a lane in one instruction; AVX2
+# makes the same sums in two (vpmaddubsw, vpmaddwd), 8 lanes a vector.
+ISAS = (("avx512-vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")),
+        ("avx2", ("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")))
 BLOCK = 32  # inputs per activation scale; the weights' groups must be whole blocks
 TILE = 16   # output rows per tile
 KERNEL_NAME = "cpu-int4-w4a8"
@@ -44,12 +49,17 @@ _op = None  # the registered op's overload, once loaded
 _dequant_op = None  # the library's dequantising op (``_tiles_t``), once loaded
 
 
+def flags() -> tuple[str, ...]:
+    """The compiler flags of this CPU's build (``ISAS``); the first build's elsewhere."""
+    isa = cpu_aot.first_isa(ISAS) or ISAS[0]
+    return (*_COMMON, *isa[2])
+
+
 def why_not_here() -> str | None:
     """Why this machine cannot build the op, or None."""
-    flags = cpu_aot.cpu_info().get("flags", "").split()
-    missing = [f for f in CPU_FLAGS if f not in flags]
-    if missing:
-        return f"the CPU lacks {', '.join(missing)} (torch's int4 kernel serves)"
+    if cpu_aot.first_isa(ISAS) is None:
+        needs = " or ".join(", ".join(need) for _, need, _ in ISAS)
+        return f"the CPU lacks {needs} (torch's int4 kernel serves)"
     if not SOURCE.is_file():
         return f"its source {SOURCE.name} is not installed beside this module"
     return cpu_aot.no_compiler()
@@ -65,7 +75,7 @@ def _compile_args() -> list[str]:
     from torch.utils import cpp_extension
     lib = Path(torch.__file__).parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return [*FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    return [*flags(), f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             *(f"-I{p}" for p in cpp_extension.include_paths()),
             f"-I{Path(sys.base_prefix) / 'include'}",
             f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
@@ -74,7 +84,7 @@ def _compile_args() -> list[str]:
 def library_name() -> str:
     """A digest of the source, the flags and the torch build (its headers and ABI), and the
     CPU (``cpu_aot.cpu_tag``)."""
-    return cpu_aot.library_name("int4-w4a8", SOURCE, FLAGS,
+    return cpu_aot.library_name("int4-w4a8", SOURCE, flags(),
                                 f"{torch.__version__} {torch._C._GLIBCXX_USE_CXX11_ABI}")
 
 

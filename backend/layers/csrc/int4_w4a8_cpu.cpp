@@ -14,14 +14,20 @@
 //              for output row 16t+r the bytes r*4+j: low nibble code[16t+r][32b+8o+j], high
 //              nibble code[16t+r][32b+8o+4+j]  (j = 0..3)
 //   scale_min  [N/16, K/32, 2, 16] fp16: the scale, then the min, of the 16 rows' block b
-// Built with -mavx512f -mavx512bw -mavx512vnni: the loader builds and uses it only on CPUs
-// that have all three.
+// Two builds of this file, by the CPU (backend.layers.cpu_w4a8.ISAS): with AVX-512 VNNI the
+// dot products are vpdpbusd; with AVX2 alone (no __AVX512VNNI__) the same sums come from
+// vpmaddubsw (pairs of code x activation products into int16: at most 2 * 15 * 127, so no
+// saturation, and four octets' sums, 30,480 at most, still fit) then vpmaddwd by ones into
+// int32, the 16 rows of a tile in two halves of 8 lanes; the quantising of the rows and the
+// dequantising are scalar there, with the same roundings (the same bits as AVX-512's).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -29,6 +35,8 @@ namespace {
 
 constexpr int kBlock = 32;  // inputs per activation scale
 constexpr int kTile = 16;   // output rows per tile (one vector of int32 lanes)
+
+#if defined(__AVX512VNNI__)
 
 inline __m512 load16(const at::BFloat16* p) {  // exact: bf16 is fp32's top half
   return _mm512_castsi512_ps(_mm512_slli_epi32(
@@ -118,6 +126,185 @@ void tile(const uint8_t* codes, const at::Half* sm, int64_t KB, const int8_t* q,
   for (int r = 0; r < MR; ++r) store16(out + r * ldo, acc[r]);
 }
 
+// x rounded to T's precision and widened back (T's own rounding: store16's)
+template <typename T>
+inline __m512 rounded(__m512 x) {
+  T tmp[kTile];
+  store16(tmp, x);
+  return load16(tmp);
+}
+
+// W.T [K, 16 (t1 - t0)] of tiles t0..t1 into out (row stride ldo) in torch's int4 convention,
+// the values a layer's dense copy and its many-row calls multiply by: W = (code - 8) * scale
+// + zero, with scale the fp16 scale rounded to T and zero = min + 8 * scale (the fp16 pair
+// in float32) rounded to T; (code - 8) * scale is exact in float32, so the one rounding to T
+// after the add is torch's addcmul's. Row k = 32 b + 8 o + 4 h + j of block b reads nibble h
+// of byte 4 r + j of the block's octet o, for the 16 rows r of each tile.
+template <typename T>
+void dequant_t(const uint8_t* codes, const at::Half* sm, int64_t KB, int64_t t0, int64_t t1,
+               T* out, int64_t ldo) {
+  const __m512i nibble = _mm512_set1_epi32(0x0F), eight = _mm512_set1_epi32(8);
+  // blocks of K a task: each thread writes whole rows of out
+  at::parallel_for(0, KB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const at::Half* st = sm + (t * KB + b) * 32;
+        const __m512 raw = load16(st);
+        const __m512 scale = rounded<T>(raw);
+        const __m512 zero = rounded<T>(_mm512_fmadd_ps(raw, _mm512_set1_ps(8.f), load16(st + 16)));
+        const uint8_t* cb = codes + (t * KB + b) * 4 * 64;
+        T* ob = out + b * kBlock * ldo + (t - t0) * kTile;
+        for (int o = 0; o < 4; ++o) {
+          const __m512i v = _mm512_loadu_si512(cb + o * 64);  // lane r: bytes 4 r .. 4 r + 3
+          for (int h = 0; h < 2; ++h)
+            for (int j = 0; j < 4; ++j) {
+              __m512i c = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4 * h), nibble);
+              __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c, eight)), scale,
+                                         zero);
+              store16(ob + (8 * o + 4 * h + j) * ldo, w);
+            }
+        }
+      }
+    }
+  });
+}
+
+#else  // AVX2: the same arithmetic, 8 lanes a vector
+
+inline float widen(at::BFloat16 v) { return static_cast<float>(v); }
+inline float widen(at::Half v) { return static_cast<float>(v); }
+inline float widen(float v) { return v; }
+
+// One row of x, block by block, as the AVX-512 build's quantise_row: the same roundings
+// (nearest even, the default rounding mode), the same remainder by one fused multiply-add.
+// Only the order of the block sum's additions differs.
+template <int PARTS, typename T>
+void quantise_row(const T* x, int64_t K, int8_t* q, float* d, float* s) {
+  const int64_t KB = K / kBlock;
+  for (int64_t b = 0; b < KB; ++b) {
+    float v[kBlock];
+    float sum = 0.f;
+    for (int i = 0; i < kBlock; ++i) {
+      v[i] = widen(x[b * kBlock + i]);
+      sum += v[i];
+    }
+    s[b] = sum;
+    for (int part = 0; part < PARTS; ++part) {
+      float amax = 0.f;
+      for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float db = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      d[part * KB + b] = db;
+      int8_t* qb = q + part * K + b * kBlock;
+      for (int i = 0; i < kBlock; ++i) {
+        const float c = std::nearbyint(v[i] * inv);  // |v| * inv <= 127: no saturation
+        qb[i] = static_cast<int8_t>(c);
+        v[i] = std::fma(-c, db, v[i]);  // the remainder
+      }
+    }
+  }
+}
+
+inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <typename T>
+inline void store8(T* p, __m256 x) {  // T's own rounding from float (nearest even)
+  alignas(32) float tmp[8];
+  _mm256_store_ps(tmp, x);
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<T>(tmp[i]);
+}
+inline void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
+
+// MR rows of x against one half (8 output rows, lanes h*8..h*8+7) of a tile; the arguments as
+// the AVX-512 build's tile.
+template <int MR, int PARTS, typename T>
+void half_tile(const uint8_t* codes, const at::Half* sm, int64_t KB, const int8_t* q,
+               const float* d, const float* s, int64_t K, T* out, int64_t ldo, int h) {
+  __m256 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < KB; ++b) {
+    __m256i sum16[MR][PARTS];
+    for (int r = 0; r < MR; ++r)
+      for (int p = 0; p < PARTS; ++p) sum16[r][p] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int o = 0; o < 4; ++o) {
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (b * 4 + o) * 64 + h * 32));
+      const __m256i lo = _mm256_and_si256(v, nibble);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      for (int r = 0; r < MR; ++r)
+        for (int p = 0; p < PARTS; ++p) {
+          const int8_t* xr = q + (r * PARTS + p) * K + b * kBlock + o * 8;
+          int32_t x0, x1;
+          __builtin_memcpy(&x0, xr, 4);
+          __builtin_memcpy(&x1, xr + 4, 4);
+          sum16[r][p] = _mm256_add_epi16(
+              sum16[r][p], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)),
+                                            _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1))));
+        }
+    }
+    const __m256 scale = load8(sm + b * 32 + h * 8), mn = load8(sm + b * 32 + 16 + h * 8);
+    for (int r = 0; r < MR; ++r) {
+      for (int p = 0; p < PARTS; ++p)
+        acc[r] = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[r][p], ones)),
+            _mm256_mul_ps(scale, _mm256_set1_ps(d[(r * PARTS + p) * KB + b])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(s[r * KB + b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) store8(out + r * ldo + h * 8, acc[r]);
+}
+
+template <int MR, int PARTS, typename T>
+void tile(const uint8_t* codes, const at::Half* sm, int64_t KB, const int8_t* q, const float* d,
+          const float* s, int64_t K, T* out, int64_t ldo) {
+  // the halves one after the other: with both at once the accumulators outnumber AVX2's 16
+  // vector registers
+  half_tile<MR, PARTS>(codes, sm, KB, q, d, s, K, out, ldo, 0);
+  half_tile<MR, PARTS>(codes, sm, KB, q, d, s, K, out, ldo, 1);
+}
+
+// x rounded to T's precision and widened back
+template <typename T>
+inline float rounded(float x) {
+  return widen(static_cast<T>(x));
+}
+
+// As the AVX-512 build's dequant_t, element by element: the same fused multiply-adds and
+// roundings, so the same bits.
+template <typename T>
+void dequant_t(const uint8_t* codes, const at::Half* sm, int64_t KB, int64_t t0, int64_t t1,
+               T* out, int64_t ldo) {
+  at::parallel_for(0, KB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const at::Half* st = sm + (t * KB + b) * 32;
+        float scale[kTile], zero[kTile];
+        for (int r = 0; r < kTile; ++r) {
+          const float raw = widen(st[r]);
+          scale[r] = rounded<T>(raw);
+          zero[r] = rounded<T>(std::fma(raw, 8.f, widen(st[16 + r])));
+        }
+        const uint8_t* cb = codes + (t * KB + b) * 4 * 64;
+        T* ob = out + b * kBlock * ldo + (t - t0) * kTile;
+        for (int o = 0; o < 4; ++o)
+          for (int h = 0; h < 2; ++h)
+            for (int j = 0; j < 4; ++j) {
+              T* row = ob + (8 * o + 4 * h + j) * ldo;
+              for (int r = 0; r < kTile; ++r) {
+                const int c = (cb[o * 64 + 4 * r + j] >> (4 * h)) & 0x0F;
+                row[r] = static_cast<T>(std::fma(static_cast<float>(c - 8), scale[r], zero[r]));
+              }
+            }
+      }
+    }
+  });
+}
+
+#endif
+
 template <int PARTS, typename T>
 void run(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min,
          at::Tensor& out) {
@@ -196,49 +383,6 @@ at::Tensor int4_w4a8_mm(const at::Tensor& x, const at::Tensor& codes, const at::
   else
     run_parts<2>(x, codes, scale_min, out);
   return out;
-}
-
-// x rounded to T's precision and widened back (T's own rounding: store16's)
-template <typename T>
-inline __m512 rounded(__m512 x) {
-  T tmp[kTile];
-  store16(tmp, x);
-  return load16(tmp);
-}
-
-// W.T [K, 16 (t1 - t0)] of tiles t0..t1 into out (row stride ldo) in torch's int4 convention,
-// the values a layer's dense copy and its many-row calls multiply by: W = (code - 8) * scale
-// + zero, with scale the fp16 scale rounded to T and zero = min + 8 * scale (the fp16 pair
-// in float32) rounded to T; (code - 8) * scale is exact in float32, so the one rounding to T
-// after the add is torch's addcmul's. Row k = 32 b + 8 o + 4 h + j of block b reads nibble h
-// of byte 4 r + j of the block's octet o, for the 16 rows r of each tile.
-template <typename T>
-void dequant_t(const uint8_t* codes, const at::Half* sm, int64_t KB, int64_t t0, int64_t t1,
-               T* out, int64_t ldo) {
-  const __m512i nibble = _mm512_set1_epi32(0x0F), eight = _mm512_set1_epi32(8);
-  // blocks of K a task: each thread writes whole rows of out
-  at::parallel_for(0, KB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const at::Half* st = sm + (t * KB + b) * 32;
-        const __m512 raw = load16(st);
-        const __m512 scale = rounded<T>(raw);
-        const __m512 zero = rounded<T>(_mm512_fmadd_ps(raw, _mm512_set1_ps(8.f), load16(st + 16)));
-        const uint8_t* cb = codes + (t * KB + b) * 4 * 64;
-        T* ob = out + b * kBlock * ldo + (t - t0) * kTile;
-        for (int o = 0; o < 4; ++o) {
-          const __m512i v = _mm512_loadu_si512(cb + o * 64);  // lane r: bytes 4 r .. 4 r + 3
-          for (int h = 0; h < 2; ++h)
-            for (int j = 0; j < 4; ++j) {
-              __m512i c = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4 * h), nibble);
-              __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c, eight)), scale,
-                                         zero);
-              store16(ob + (8 * o + 4 * h + j) * ldo, w);
-            }
-        }
-      }
-    }
-  });
 }
 
 void int4_w4a8_dequant_t(const at::Tensor& codes, const at::Tensor& scale_min, int64_t t0,

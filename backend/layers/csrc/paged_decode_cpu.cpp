@@ -9,7 +9,8 @@
 //
 // Cache layout (backend.layers.kv_cache): [slots, 2, kvh, hd] per layer, K then V; an int8
 // cache's scales [slots, 2, kvh] (the torch path's layout, kernel_layout=False).
-// Built with -mavx512f: the loader only builds and uses it on CPUs that have AVX-512F.
+// Built with -mavx512f on CPUs that have AVX-512F, else with -mavx2 -mfma -mf16c on CPUs that
+// have those (backend.layers.cpu_paged_decode.ISAS): the same code over 16 floats at a time.
 // Plain C ABI (called through ctypes): no torch headers, a one-second compile.
 #include <immintrin.h>
 #include <omp.h>
@@ -23,16 +24,37 @@
 
 namespace {
 
-inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact: the top half)
+// Sixteen floats at a time: one AVX-512 register, or two AVX2 ones (the build for CPUs
+// without AVX-512F, -mavx2 -mfma -mf16c). The kernel below is written once against these.
+#if defined(__AVX512F__)
+
+using vf = __m512;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vset(float x) { return _mm512_set1_ps(x); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+inline vf vabs(vf a) { return _mm512_abs_ps(a); }
+inline vf vround(vf a) {  // to the nearest integer, ties to even
+  return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
+inline float vmaxall(vf a) { return _mm512_reduce_max_ps(a); }
+
+inline vf load16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact: the top half)
   return _mm512_castsi512_ps(_mm512_slli_epi32(
       _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const int8_t* p) {  // 16 int8 codes -> fp32 (the scale applied apart)
+inline vf load16(const float* p) { return _mm512_loadu_ps(p); }
+inline vf load16(const int8_t* p) {  // 16 int8 codes -> fp32 (the scale applied apart)
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-inline void store16(uint16_t* p, __m512 x) {  // fp32 -> bf16, round to nearest even
+inline void store16(uint16_t* p, vf x) {  // fp32 -> bf16, round to nearest even
   __m512i u = _mm512_castps_si512(x);
   __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
                                   _mm512_set1_epi32(0x7FFF));
@@ -42,22 +64,136 @@ inline void store16(uint16_t* p, __m512 x) {  // fp32 -> bf16, round to nearest 
   r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
 }
-inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+inline void store16(float* p, vf x) { _mm512_storeu_ps(p, x); }
+inline void store16(int8_t* p, vf x) {  // x holds integers within int8's range
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(x)));
+}
+
+// the first n < 16 floats at p (the rest zero), and their store
+inline vf load_tail(const float* p, int n) {
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
+}
+inline void store_tail(float* p, vf x, int n) {
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), x);
+}
+inline vf keep_first(vf x, int n) {  // lanes n.. zeroed
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << n) - 1), x);
+}
+inline vf times_pow2(vf p, vf n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
+
+#else  // AVX2: two halves of 8
+
+struct vf {
+  __m256 a, b;
+};
+inline vf vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline vf vset(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline vf vadd(vf x, vf y) { return {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; }
+inline vf vsub(vf x, vf y) { return {_mm256_sub_ps(x.a, y.a), _mm256_sub_ps(x.b, y.b)}; }
+inline vf vmul(vf x, vf y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
+inline vf vdiv(vf x, vf y) { return {_mm256_div_ps(x.a, y.a), _mm256_div_ps(x.b, y.b)}; }
+inline vf vfma(vf x, vf y, vf z) {
+  return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)};
+}
+inline vf vmax(vf x, vf y) { return {_mm256_max_ps(x.a, y.a), _mm256_max_ps(x.b, y.b)}; }
+inline vf vmin(vf x, vf y) { return {_mm256_min_ps(x.a, y.a), _mm256_min_ps(x.b, y.b)}; }
+inline vf vabs(vf x) {
+  const __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  return {_mm256_and_ps(x.a, m), _mm256_and_ps(x.b, m)};
+}
+inline vf vround(vf x) {
+  constexpr int kMode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(x.a, kMode), _mm256_round_ps(x.b, kMode)};
+}
+inline float hsum(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float vsum(vf x) { return hsum(_mm256_add_ps(x.a, x.b)); }
+inline float vmaxall(vf x) {
+  alignas(32) float t[8];
+  _mm256_store_ps(t, _mm256_max_ps(x.a, x.b));
+  return *std::max_element(t, t + 8);
+}
+
+inline __m256 bf16x8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline vf load16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+inline vf load16(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline __m256 i8x8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline vf load16(const int8_t* p) { return {i8x8(p), i8x8(p + 8)}; }
+
+inline __m256i bf16_bits(__m256 x) {  // round to nearest even in the low 16 bits; NaN stays
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i bias = _mm256_add_epi32(
+      _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7FFF));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(nan));
+}
+inline void store16(uint16_t* p, vf x) {
+  // packus works within 128-bit lanes: [a0-3 b0-3 a4-7 b4-7], then the quarters reordered
+  const __m256i r = _mm256_permute4x64_epi64(
+      _mm256_packus_epi32(bf16_bits(x.a), bf16_bits(x.b)), 0xD8);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), r);
+}
+inline void store16(float* p, vf x) {
+  _mm256_storeu_ps(p, x.a);
+  _mm256_storeu_ps(p + 8, x.b);
+}
+inline void store16(int8_t* p, vf x) {  // x holds integers within int8's range
+  alignas(32) int32_t t[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_cvtps_epi32(x.a));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(t + 8), _mm256_cvtps_epi32(x.b));
+  for (int i = 0; i < 16; ++i) p[i] = static_cast<int8_t>(t[i]);
+}
+
+inline vf load_tail(const float* p, int n) {
+  alignas(32) float t[16] = {};
+  std::memcpy(t, p, sizeof(float) * n);
+  return load16(t);
+}
+inline void store_tail(float* p, vf x, int n) {
+  alignas(32) float t[16];
+  store16(t, x);
+  std::memcpy(p, t, sizeof(float) * n);
+}
+inline vf keep_first(vf x, int n) {
+  alignas(32) float t[16];
+  store16(t, x);
+  for (int i = n; i < 16; ++i) t[i] = 0.f;
+  return load16(t);
+}
+inline __m256 pow2x8(__m256 n) {  // 2^n for integral n in [-126, 127]
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline vf times_pow2(vf p, vf n) {
+  return {_mm256_mul_ps(p.a, pow2x8(n.a)), _mm256_mul_ps(p.b, pow2x8(n.b))};
+}
+
+#endif
 
 // exp(x) for x <= 0 (scores less their maximum): 2^n * p(r), relative error ~2e-7
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), 0);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+inline vf exp16(vf x) {
+  x = vmax(x, vset(-87.f));
+  const vf n = vround(vmul(x, vset(1.44269504f)));
+  vf r = vfma(n, vset(-0.693145752f), x);
+  r = vfma(n, vset(-1.42860677e-6f), r);
+  vf p = vset(1.f / 720);
+  p = vfma(p, r, vset(1.f / 120));
+  p = vfma(p, r, vset(1.f / 24));
+  p = vfma(p, r, vset(1.f / 6));
+  p = vfma(p, r, vset(0.5f));
+  p = vfma(p, r, vset(1.f));
+  p = vfma(p, r, vset(1.f));
+  return times_pow2(p, n);
 }
 
 constexpr int kMaxGroup = 8;
@@ -75,58 +211,56 @@ void span(const Tq* q, const Tc* cache, const float* sc, int kvh, int g, const i
     const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
     const Tc* k = cache + slot * stride;
     for (int h = 0; h < kvh; ++h) {
-      __m512 kv[V];
+      vf kv[V];
       for (int c = 0; c < V; ++c) kv[c] = load16(k + h * HD + c * 16);
       const float ks = sc ? scale * sc[slot * 2 * kvh + h] : scale;
       for (int j = 0; j < g; ++j) {
         const Tq* qj = q + (h * g + j) * HD;
-        __m512 s = _mm512_mul_ps(load16(qj), kv[0]);
-        for (int c = 1; c < V; ++c) s = _mm512_fmadd_ps(load16(qj + c * 16), kv[c], s);
-        scores[(h * g + j) * n + p - p0] = _mm512_reduce_add_ps(s) * ks;
+        vf s = vmul(load16(qj), kv[0]);
+        for (int c = 1; c < V; ++c) s = vfma(load16(qj + c * 16), kv[c], s);
+        scores[(h * g + j) * n + p - p0] = vsum(s) * ks;
       }
     }
   }
   for (int r = 0; r < H; ++r) {
     float* sr = scores + r * n;
-    __m512 mv = _mm512_set1_ps(-INFINITY);
+    vf mv = vset(-INFINITY);
     int p = 0;
-    for (; p + 16 <= n; p += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sr + p));
-    float m = _mm512_reduce_max_ps(mv);
+    for (; p + 16 <= n; p += 16) mv = vmax(mv, load16(sr + p));
+    float m = vmaxall(mv);
     for (; p < n; ++p) m = std::max(m, sr[p]);
-    const __m512 mb = _mm512_set1_ps(m);
-    __m512 sum = _mm512_setzero_ps();
+    const vf mb = vset(m);
+    vf sum = vzero();
     for (p = 0; p + 16 <= n; p += 16) {
-      __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + p), mb));
-      _mm512_storeu_ps(sr + p, e);
-      sum = _mm512_add_ps(sum, e);
+      vf e = exp16(vsub(load16(sr + p), mb));
+      store16(sr + p, e);
+      sum = vadd(sum, e);
     }
     if (p < n) {
-      const __mmask16 tail = static_cast<__mmask16>((1u << (n - p)) - 1);
-      __m512 e = _mm512_maskz_mov_ps(
-          tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sr + p), mb)));
-      _mm512_mask_storeu_ps(sr + p, tail, e);
-      sum = _mm512_add_ps(sum, e);
+      const vf e = keep_first(exp16(vsub(load_tail(sr + p, n - p), mb)), n - p);
+      store_tail(sr + p, e, n - p);
+      sum = vadd(sum, e);
     }
     ml[r] = m;
-    ml[H + r] = _mm512_reduce_add_ps(sum);
+    ml[H + r] = vsum(sum);
   }
   for (int h = 0; h < kvh; ++h) {
-    __m512 o[kMaxGroup][V];
+    vf o[kMaxGroup][V];
     for (int j = 0; j < g; ++j)
-      for (int c = 0; c < V; ++c) o[j][c] = _mm512_setzero_ps();
+      for (int c = 0; c < V; ++c) o[j][c] = vzero();
     for (int p = p0; p < p1; ++p) {
       const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
       const Tc* v = cache + slot * stride + (kvh + h) * HD;
       const float vs = sc ? sc[slot * 2 * kvh + kvh + h] : 1.f;
-      __m512 vv[V];
+      vf vv[V];
       for (int c = 0; c < V; ++c) vv[c] = load16(v + c * 16);
       for (int j = 0; j < g; ++j) {
-        const __m512 w = _mm512_set1_ps(scores[(h * g + j) * n + p - p0] * vs);
-        for (int c = 0; c < V; ++c) o[j][c] = _mm512_fmadd_ps(w, vv[c], o[j][c]);
+        const vf w = vset(scores[(h * g + j) * n + p - p0] * vs);
+        for (int c = 0; c < V; ++c) o[j][c] = vfma(w, vv[c], o[j][c]);
       }
     }
     for (int j = 0; j < g; ++j)
-      for (int c = 0; c < V; ++c) _mm512_storeu_ps(out + (h * g + j) * HD + c * 16, o[j][c]);
+      for (int c = 0; c < V; ++c) store16(out + (h * g + j) * HD + c * 16, o[j][c]);
   }
 }
 
@@ -171,19 +305,19 @@ void run(const Tq* q, Tq* out, const Tc* cache, const float* sc, const int32_t* 
     for (int r = 0; r < H; ++r) {
       float m = -INFINITY;
       for (int s = i; s < e; ++s) m = std::max(m, ml[static_cast<size_t>(s) * 2 * H + r]);
-      __m512 acc[HD / 16];
-      for (int c = 0; c < HD / 16; ++c) acc[c] = _mm512_setzero_ps();
+      vf acc[HD / 16];
+      for (int c = 0; c < HD / 16; ++c) acc[c] = vzero();
       float l = 0.f;
       for (int s = i; s < e; ++s) {
         const float w = std::exp(ml[static_cast<size_t>(s) * 2 * H + r] - m);
         l += w * ml[static_cast<size_t>(s) * 2 * H + H + r];
         const float* ps = part.data() + (static_cast<size_t>(s) * H + r) * HD;
         for (int c = 0; c < HD / 16; ++c)
-          acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(ps + c * 16), acc[c]);
+          acc[c] = vfma(vset(w), load16(ps + c * 16), acc[c]);
       }
       Tq* o = out + (static_cast<int64_t>(seq[i]) * H + r) * HD;
-      const __m512 inv = _mm512_set1_ps(1.f / l);
-      for (int c = 0; c < HD / 16; ++c) store16(o + c * 16, _mm512_mul_ps(acc[c], inv));
+      const vf inv = vset(1.f / l);
+      for (int c = 0; c < HD / 16; ++c) store16(o + c * 16, vmul(acc[c], inv));
     }
     i = e;
   }
@@ -273,8 +407,8 @@ int ft_store_int8(int bf16, const void* k, const void* v, int64_t k_row, int64_t
     const int64_t slot = slots[t];
     for (int c = 0; c < 2; ++c) {
       for (int h = 0; h < kvh; ++h) {
-        __m512 x[16];
-        __m512 amax = _mm512_setzero_ps();
+        vf x[16];
+        vf amax = vzero();
         for (int i = 0; i < V; ++i) {
           if (bf16) {
             const uint16_t* src = static_cast<const uint16_t*>(c ? v : k) + t * (c ? v_row : k_row);
@@ -283,17 +417,15 @@ int ft_store_int8(int bf16, const void* k, const void* v, int64_t k_row, int64_t
             const float* src = static_cast<const float*>(c ? v : k) + t * (c ? v_row : k_row);
             x[i] = load16(src + h * hd + i * 16);
           }
-          amax = _mm512_max_ps(amax, _mm512_abs_ps(x[i]));
+          amax = vmax(amax, vabs(x[i]));
         }
-        const float scale = std::max(_mm512_reduce_max_ps(amax) / 127.f, 1e-12f);
-        const __m512 sv = _mm512_set1_ps(scale);
+        const float scale = std::max(vmaxall(amax) / 127.f, 1e-12f);
+        const vf sv = vset(scale);
         int8_t* out = data + (slot * 2 + c) * kvh * hd + h * hd;
         for (int i = 0; i < V; ++i) {
-          __m512 y = _mm512_roundscale_ps(_mm512_div_ps(x[i], sv),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-          y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-127.f)), _mm512_set1_ps(127.f));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i * 16),
-                           _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(y)));
+          vf y = vround(vdiv(x[i], sv));
+          y = vmin(vmax(y, vset(-127.f)), vset(127.f));
+          store16(out + i * 16, y);
         }
         scales[(slot * 2 + c) * kvh + h] = scale;
       }

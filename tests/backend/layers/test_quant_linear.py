@@ -9,10 +9,10 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
-from backend.engine import model_runner
+from backend.engine import aot_kernels, model_runner
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from backend.layers import cpu_dequant
+from backend.layers import cpu_dequant, cpu_fp16, cpu_w4a8
 from backend.layers.linear import (Linear, LinearRows, WeightFormat, make_linear,
                                    resolve_weight_format)
 from backend.layers.quantize import GroupQuantized, quantize_int4, quantize_int8
@@ -154,11 +154,45 @@ def test_resolve_weight_format():
 def test_auto_keeps_file_codes_only_where_the_packed_cpu_kernels_are_fast(
         smollm2_source, monkeypatch):
     """The engine asks the CPU: with AVX-512 the embedded model's Q4_1 codes are served as
-    int4, without it as dense weights in the model dtype."""
-    cfg = EngineConfig(dtype="float32", kv_cache_memory_gib=0.01, max_model_len=64)
-    for fast, want in ((True, "int4-g32"), (False, "fp32")):
+    int4, beside its Q8_0 head as int8; without AVX-512 too where the int4 x int8 op will
+    serve them (its AVX2 build), but the head dense (torch's int8 kernel is unvectorised
+    there); else every layer dense, in the model dtype."""
+    cfg = EngineConfig(dtype="float32", kv_cache_memory_gib=0.01, max_model_len=64,
+                       cpu_aot_kernels="off")
+    asked = []
+    for fast, op, want in ((True, False, ("int4-g32", "int8")), (False, True, ("int4-g32", "fp32")),
+                           (False, False, ("fp32", "fp32"))):
         monkeypatch.setattr(model_runner, "cpu_packed_kernels_fast", lambda fast=fast: fast)
-        assert LLMEngine(cfg, smollm2_source).stats().weights_format == want
+        monkeypatch.setattr(aot_kernels, "int4_op_ready",
+                            lambda mode, act, op=op: asked.append((mode, act)) or op)
+        s = LLMEngine(cfg, smollm2_source).stats()
+        assert (s.weights_format, s.lm_head_format) == want
+    assert asked == [("off", "int8x2")] * 2  # the config's own settings, only where needed
+
+
+def test_without_avx512_auto_keeps_int4_codes_beside_an_fp16_head(smollm2_source, monkeypatch):
+    """An AVX2 CPU (pinned): float32 model, fbgemm for float weights, the int4 x int8 op for
+    the file's int4 codes; the file's Q8_0 head goes to fp16 through fbgemm."""
+    monkeypatch.setattr(model_runner, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(model_runner, "cpu_packed_kernels_fast", lambda: False)
+    monkeypatch.setattr(aot_kernels, "int4_op_ready", lambda mode, act: True)
+    s = LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, max_model_len=64,
+                               cpu_aot_kernels="off"), smollm2_source).stats()
+    assert (s.dtype, s.weights_format, s.lm_head_format) == ("float32", "int4-g32", "fp16")
+    assert s.lm_head_kernel == ("fbgemm-fp16" if cpu_fp16.available() else "dense")
+
+
+def test_the_int4_op_is_ready_where_asked_for_built_or_to_be_built(tmp_path, monkeypatch):
+    monkeypatch.setattr(aot_kernels, "kernels_dir", lambda: tmp_path)
+    monkeypatch.setattr(cpu_w4a8, "why_not_here", lambda: None)
+    assert aot_kernels.int4_op_ready("build", "int8x2")  # compiled at start
+    assert not aot_kernels.int4_op_ready("auto", "int8x2")  # none built: torch's kernel
+    (tmp_path / cpu_w4a8.library_name()).write_bytes(b"")
+    assert aot_kernels.int4_op_ready("auto", "int8")
+    assert not aot_kernels.int4_op_ready("off", "int8x2")
+    assert not aot_kernels.int4_op_ready("auto", "model")
+    monkeypatch.setattr(cpu_w4a8, "why_not_here", lambda: "the CPU lacks avx2")
+    assert not aot_kernels.int4_op_ready("build", "int8x2")
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
