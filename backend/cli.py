@@ -16,10 +16,10 @@ from backend.schema import describe
 from backend.server.config import DEFAULT_MODEL, PROFILE_TOKEN_ENV, ServerConfig
 
 
-def _rows_or_auto(value: str) -> int | None:
-    """``auto`` (None: measured) or a row count."""
+def _rows_or_auto(value: str) -> int | str:
+    """``auto`` (measured at start) or a row count."""
     if value == "auto":
-        return None
+        return value
     try:
         return int(value)
     except ValueError:
@@ -86,9 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{GPU_PREFILL_DENSE_SHARE * 100:g}%% of its memory)")
     p.add_argument("--gpu-copy-min-rows", type=_rows_or_auto, default=None, metavar="ROWS",
                    help="on CUDA, from how many rows a step multiplies the quantised layers' "
-                        "dense copies (--prefill-dense-weights) instead of their codes: auto "
-                        "= timed at start for each layer shape on this GPU, the copy from "
-                        "the row count where it wins (default: auto)")
+                        "dense copies (--prefill-dense-weights) instead of their codes: a "
+                        "row count, or auto = timed at start for each layer shape on this "
+                        "GPU, the copy from the row count where it wins (default: 65)")
     p.add_argument("--cpu-aot-kernels", default="auto", choices=CPU_AOT_MODES,
                    help="one-token CPU steps through code compiled ahead of time, kept in the "
                         "weights cache (the int8 LM head's GEMV, the quantised layers' work "

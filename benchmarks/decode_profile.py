@@ -43,8 +43,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--int4-group-size", type=int, default=32)
     p.add_argument("--lm-head-dtype", default="auto", help="as the backend's flag")
     p.add_argument("--prefill-dense-weights", default="auto", help="as the backend's flag")
-    p.add_argument("--gpu-copy-min-rows", type=int, default=None,
-                   help="as the backend's flag (default: timed at start)")
+    p.add_argument("--gpu-copy-min-rows", default=None,
+                   type=lambda v: v if v == "auto" else int(v),
+                   help="as the backend's flag: a row count or auto (default: 65)")
     p.add_argument("--cpu-int4-activations", default="int8x2", help="as the backend's flag")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--prompt-tokens", type=int, default=128)

@@ -2,7 +2,7 @@
 naming their field."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -92,8 +92,9 @@ class EngineConfig(Schema):
     # auto's budget; None = by device (``prefill_dense_budget``)
     prefill_dense_max_gib: float | None = Field(None, ge=0)
     # On CUDA, from how many rows a step multiplies by those copies instead of the codes:
-    # None = measured at start for each layer shape (backend.layers.copy_rows)
-    gpu_copy_min_rows: int | None = Field(None, ge=1)
+    # None = the fixed crossover (linear.GPU_COPY_MIN_ROWS, 65); "auto" = timed at start for
+    # each layer shape (backend.layers.copy_rows); or a row count
+    gpu_copy_min_rows: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
     # One-token CPU steps through code compiled ahead of time (backend.engine.aot_kernels):
     # the int8 LM head's GEMV and the quantised layers' work between attention calls. auto =
     # where a package is in the weights cache; build = compile what is missing at start

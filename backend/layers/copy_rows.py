@@ -5,9 +5,11 @@ Where a quantised layer keeps a dense copy of its weight (``linear.keep_prefill_
 step of M rows can run either the dequantising kernel on the codes (fewer bytes, more work a
 byte) or the dense matmul on the copy (bf16's own kernel). Which is faster at a given M
 depends on the card and the layer's shape: on an H100 the int4 codes of Llama-2-7B won at 64
-rows, on an H200 the dense weights did (docs/BENCHMARKS.md). So the engine times both for
-each shape at a few row counts before its decode graphs are captured, and each layer takes
-the smallest row count from which the copy wins at every larger one.
+rows, on an H200 the dense weights did (docs/BENCHMARKS.md). So with ``--gpu-copy-min-rows
+auto`` the engine times both for each shape at a few row counts before its decode graphs are
+captured, and each layer takes the smallest row count from which the copy wins at every
+larger one. Without it every layer keeps the fixed crossover (``linear.GPU_COPY_MIN_ROWS``):
+the timing has not yet run on a GPU.
 
 Each path is timed over all the layers of one shape in turn (a model's 32 blocks), so their
 weights pass through the L2 cache as they do in a step, not from it.
@@ -106,22 +108,25 @@ def _time_paths(group: list[Linear], rows: int, few_token_matmul: bool,
     return statistics.median(codes) / n, statistics.median(copy) / n
 
 
-def choose(layers: Iterable[torch.nn.Module], min_rows: int | None, few_token_matmul: bool,
-           timer: Timer = cuda_timer, candidates: tuple[int, ...] = CANDIDATE_ROWS,
-           reps: int = REPS) -> CopyRows:
+def choose(layers: Iterable[torch.nn.Module], min_rows: int | str | None,
+           few_token_matmul: bool, timer: Timer = cuda_timer,
+           candidates: tuple[int, ...] = CANDIDATE_ROWS, reps: int = REPS) -> CopyRows:
     """Set ``gpu_copy_min_rows`` on every quantised layer that keeps a dense copy: to
-    ``min_rows`` where given, else measured per layer shape (``timer``)."""
+    ``min_rows`` where it is a number, measured per layer shape (``timer``) where it is
+    "auto"; None keeps each layer's fixed crossover (``linear.GPU_COPY_MIN_ROWS``)."""
     kept = kept_copies(layers)
     if not kept:
         return CopyRows("none", {}, {}, 0.0, "no layer keeps a dense copy")
     groups: dict[str, list[Linear]] = defaultdict(list)
     for m in kept:
         groups[shape_key(m)].append(m)
-    if min_rows is not None:
+    if min_rows != "auto":
         for m in kept:
-            m.gpu_copy_min_rows = min_rows
-        return CopyRows("fixed", {key: min_rows for key in groups}, {}, 0.0,
-                        f"set: copies from {min_rows} rows")
+            if min_rows is not None:
+                m.gpu_copy_min_rows = min_rows
+        return CopyRows("fixed", {key: group[0].gpu_copy_min_rows for key, group in groups.items()},
+                        {}, 0.0, "the default crossover" if min_rows is None
+                        else f"set: copies from {min_rows} rows")
     t0 = time.perf_counter()
     rows, us = {}, {}
     with torch.inference_mode():

@@ -175,6 +175,12 @@ def first_isa(isas: tuple[Isa, ...]) -> Isa | None:
     return next((isa for isa in isas if flags.issuperset(isa[1])), None)
 
 
+def isa_flags(isas: tuple[Isa, ...], common: tuple[str, ...]) -> tuple[str, ...]:
+    """``common`` and the compiler flags of this CPU's build (``first_isa``); the first
+    build's where none fits (its ``why_not_here`` refuses to build then)."""
+    return (*common, *(first_isa(isas) or isas[0])[2])
+
+
 def library_name(prefix: str, source: Path, flags: tuple[str, ...], extra: str = "") -> str:
     """A library's file name: ``prefix``, a digest of its source, flags and ``extra`` (what
     else it was built against), and the CPU (``cpu_tag``)."""

@@ -50,9 +50,8 @@ _dequant_op = None  # the library's dequantising op (``_tiles_t``), once loaded
 
 
 def flags() -> tuple[str, ...]:
-    """The compiler flags of this CPU's build (``ISAS``); the first build's elsewhere."""
-    isa = cpu_aot.first_isa(ISAS) or ISAS[0]
-    return (*_COMMON, *isa[2])
+    """The compiler flags of this CPU's build of the source (``ISAS``)."""
+    return cpu_aot.isa_flags(ISAS, _COMMON)
 
 
 def why_not_here() -> str | None:

@@ -50,7 +50,7 @@ LM_HEAD_DTYPES = ("model", "int8", "int4")
 DENSE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TRITON_MAX_M = 128  # tokens per step up to which the Triton kernels run on CUDA
 # On CUDA, from how many rows a kept dense copy (``keep_prefill_dense``) replaces the codes
-# where the engine does not measure it at start (``copy_rows.choose``): past the 64-row
+# unless set or timed at start (``--gpu-copy-min-rows``, ``copy_rows.choose``): past the 64-row
 # tiles. Llama-2-7B, decode steps at 512-token contexts (H100, 2026-12-05, docs/BENCHMARKS.md
 # "Dense copies of quantised layers on CUDA"): at batch 64 the int4 codes took 11.5 ms, the
 # copies 12.2-12.6, bf16 12.9-13.1 (on an H200 int4 was 1.3-2 % slower than bf16 there); at
@@ -454,8 +454,8 @@ class _QuantizedLinear(Linear):
         # from how many rows a kept copy is used: the block layers' crossover by default; the
         # model gives its LM head the head's (``cpu_dequant.HEAD_COPY_MIN_ROWS``)
         self.copy_min_rows = cpu_dequant.COPY_MIN_ROWS
-        # on CUDA from how many rows: ``copy_rows.choose`` sets it per layer at start
-        # (measured by default), else the fixed crossover
+        # on CUDA from how many rows: the fixed crossover unless ``copy_rows.choose`` sets it
+        # (--gpu-copy-min-rows N, or timed at start with auto)
         self.gpu_copy_min_rows = GPU_COPY_MIN_ROWS.get(self.copy_kind, TRITON_MAX_M + 1)
 
     def load_rows(self, rows: slice, value: torch.Tensor | GroupQuantized) -> None:

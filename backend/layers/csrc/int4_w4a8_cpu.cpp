@@ -216,35 +216,46 @@ inline void store8(T* p, __m256 x) {  // T's own rounding from float (nearest ev
 }
 inline void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
 
+inline __m256i broadcast4(const int8_t* p) {  // 4 activation codes into every 32-bit lane
+  int32_t x;
+  __builtin_memcpy(&x, p, 4);
+  return _mm256_set1_epi32(x);
+}
+
+// Block b's dot products for MR rows of x (PARTS parts each) against 8 output rows, summed in
+// int16 lanes: cb points at the block's first octet, already offset to the half's 32 bytes.
+template <int MR, int PARTS>
+inline void block_dots(const uint8_t* cb, const int8_t* q, int64_t K, int64_t b,
+                       __m256i (&sum16)[MR][PARTS]) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  for (auto& row : sum16)
+    for (auto& part : row) part = _mm256_setzero_si256();
+#pragma GCC unroll 4
+  for (int o = 0; o < 4; ++o) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cb + o * 64));
+    const __m256i low = _mm256_and_si256(v, nibble);
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+    for (int r = 0; r < MR; ++r)
+      for (int p = 0; p < PARTS; ++p) {
+        const int8_t* xr = q + (r * PARTS + p) * K + b * kBlock + o * 8;
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, broadcast4(xr)),
+                                               _mm256_maddubs_epi16(high, broadcast4(xr + 4)));
+        sum16[r][p] = _mm256_add_epi16(sum16[r][p], pairs);
+      }
+  }
+}
+
 // MR rows of x against one half (8 output rows, lanes h*8..h*8+7) of a tile; the arguments as
 // the AVX-512 build's tile.
 template <int MR, int PARTS, typename T>
 void half_tile(const uint8_t* codes, const at::Half* sm, int64_t KB, const int8_t* q,
                const float* d, const float* s, int64_t K, T* out, int64_t ldo, int h) {
   __m256 acc[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i sum16[MR][PARTS];
   for (int64_t b = 0; b < KB; ++b) {
-    __m256i sum16[MR][PARTS];
-    for (int r = 0; r < MR; ++r)
-      for (int p = 0; p < PARTS; ++p) sum16[r][p] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-    for (int o = 0; o < 4; ++o) {
-      const __m256i v =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (b * 4 + o) * 64 + h * 32));
-      const __m256i lo = _mm256_and_si256(v, nibble);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-      for (int r = 0; r < MR; ++r)
-        for (int p = 0; p < PARTS; ++p) {
-          const int8_t* xr = q + (r * PARTS + p) * K + b * kBlock + o * 8;
-          int32_t x0, x1;
-          __builtin_memcpy(&x0, xr, 4);
-          __builtin_memcpy(&x1, xr + 4, 4);
-          sum16[r][p] = _mm256_add_epi16(
-              sum16[r][p], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)),
-                                            _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1))));
-        }
-    }
+    block_dots<MR, PARTS>(codes + b * 4 * 64 + h * 32, q, K, b, sum16);
     const __m256 scale = load8(sm + b * 32 + h * 8), mn = load8(sm + b * 32 + 16 + h * 8);
     for (int r = 0; r < MR; ++r) {
       for (int p = 0; p < PARTS; ++p)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.layers import cpu_aot
+from backend.layers import cpu_aot, cpu_paged_decode, cpu_w4a8
 from backend.layers.linear import ONE_ROW_AOT_KERNEL, Int8Linear
 from tests.backend.layers.test_quant_linear import quantised_layer
 
@@ -97,3 +97,23 @@ def test_the_layer_runs_it_for_one_contiguous_row_of_its_dtype_only(built):
     torch.testing.assert_close(layer(rows3).float(), ref,  # torch's kernel
                                atol=3e-2 * ref.abs().max().item(), rtol=0)
     assert counting.calls == 1
+
+
+@pytest.mark.parametrize("flags,want", [
+    ("fpu avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni", "avx512-vnni"),
+    ("fpu avx2 fma f16c avx512f", "avx2"),  # AVX-512F without VNNI: the AVX2 build
+    ("fpu avx2 fma f16c", "avx2"),
+    ("fpu avx2 f16c", None),  # no FMA: neither
+])
+def test_a_cpu_gets_the_first_build_its_flags_allow(flags, want, monkeypatch):
+    monkeypatch.setattr(cpu_aot, "cpu_info", lambda: {"flags": flags})
+    isa = cpu_aot.first_isa(cpu_w4a8.ISAS)
+    assert (isa[0] if isa else None) == want
+    if want is None:  # refused plainly, never built with flags this CPU lacks
+        assert "the CPU lacks" in cpu_w4a8.why_not_here()
+    else:
+        assert set(isa[2]) <= set(cpu_w4a8.flags())
+    # the paged decode kernel needs AVX-512F alone for its wide build
+    decode = cpu_aot.first_isa(cpu_paged_decode.ISAS)
+    want_decode = "avx512f" if "avx512f" in flags else want and "avx2"
+    assert (decode[0] if decode else None) == want_decode

@@ -122,6 +122,7 @@ def test_auto_keeps_them_within_the_budget_and_the_engine_reports_it():
     for mode in ("on", "off"):
         engine = LLMEngine(EngineConfig(device="cuda", dtype="bfloat16", weights_dtype="int4",
                                         int4_group_size=32, prefill_dense_weights=mode,
+                                        gpu_copy_min_rows="auto",
                                         max_model_len=512, kv_cache_memory_gib=0.5,
                                         max_num_seqs=64), source)
         reports[mode] = engine.stats().prefill_dense_weights

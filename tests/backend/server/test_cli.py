@@ -47,8 +47,8 @@ def test_flags_map_onto_engine_and_server_config():
     p = config_from_args(build_parser().parse_args([
         "--prefill-dense-weights", "off", "--prefill-dense-max-gib", "0.25"]))
     assert (p.engine.prefill_dense_weights, p.engine.prefill_dense_max_gib) == ("off", 0.25)
-    assert d.engine.gpu_copy_min_rows is None  # auto: measured at start on CUDA
-    for value, rows in (("auto", None), ("48", 48)):
+    assert d.engine.gpu_copy_min_rows is None  # the fixed crossover
+    for value, rows in (("auto", "auto"), ("48", 48)):
         assert config_from_args(build_parser().parse_args(
             ["--gpu-copy-min-rows", value])).engine.gpu_copy_min_rows == rows
     assert d.engine.weights_scaling == "activation"

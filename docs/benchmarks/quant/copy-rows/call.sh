@@ -1,8 +1,9 @@
 #!/bin/bash
 # One device call: decode steps of synthetic Llama-2-7B at 512-token contexts (steady, no sync
 # between steps, benchmarks.decode_profile), batch 1 / 32 / 64 / 128, each run its own process,
-# the quantised layers' dense copies used from the rows timed at start (ROWS auto) or from a
-# set row count: bash call.sh TAG:WEIGHTS:COPIES:ROWS ... (COPIES on|off; ROWS auto|N)
+# the quantised layers' dense copies used from the rows timed at start (ROWS auto:
+# --gpu-copy-min-rows auto) or from a set row count (65 is the default):
+#   bash call.sh TAG:WEIGHTS:COPIES:ROWS ... (COPIES on|off; ROWS auto|N)
 #   e.g. bf16:bf16:off:auto int4:int4:on:auto int4-65:int4:on:65 int8:int8:on:auto bf16-2:...
 # Then the CUDA tests of the choice and of the copies, and the CPU kernels' tests on this host's
 # CPU. Lines into $OUT/steady.jsonl (with the rows each layer shape chose and the µs timed).
@@ -11,7 +12,7 @@ source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
 date -u
 for spec in "$@"; do
   IFS=: read -r tag weights copies rows <<< "$spec"
-  extra=""; [ "$rows" != auto ] && extra="--gpu-copy-min-rows $rows"
+  extra="--gpu-copy-min-rows $rows"
   t0=$(date +%s)
   timeout ${RUN_S:-130} python3 -m benchmarks.decode_profile --model synthetic:llama-2-7b \
     --device cuda --dtype bfloat16 --weights-dtype $weights --int4-group-size 128 \
