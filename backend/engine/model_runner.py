@@ -261,7 +261,7 @@ class ModelRunner:
         if self.device.type != "cuda":
             return CopyRows("none", {}, {}, 0.0, "the CPU's crossovers are fixed (cpu_dequant)")
         chosen = copy_rows.choose(self.model.modules(), self.config.gpu_copy_min_rows,
-                                  self.model.ops.few_token_matmul)
+                                  self.model.ops)
         if chosen.mode == "measured":  # --gpu-copy-min-rows auto
             log.info("dense copies from %s rows (timed in %.2f s)",
                      ", ".join(f"{k}: {v}" for k, v in chosen.rows.items()), chosen.seconds)

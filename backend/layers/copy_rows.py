@@ -25,8 +25,9 @@ from typing import Callable, Iterable
 
 import torch
 
-from backend.layers import skinny_gemm
-from backend.layers.linear import TRITON_MAX_M, Linear, kept_copies
+from backend.layers.fused_ops import StepOps
+from backend.layers.gemv import Prologue
+from backend.layers.linear import TRITON_MAX_M, Linear, kept_copies, matmul
 
 # Row counts timed: the decode batches the CUDA graphs hold sit among them, and past the
 # last one the codes run a dequantising pass and cuBLAS, which the copy always beats.
@@ -82,14 +83,7 @@ def cuda_timer(fn: Callable[[], None]) -> float:
     return start.elapsed_time(end) / 1e3
 
 
-def _step_call(layer: Linear, x: torch.Tensor, few_token_matmul: bool) -> torch.Tensor:
-    """The layer as a step's ``linear.matmul`` runs it, its prologue left out."""
-    y = layer.few_tokens(x) if few_token_matmul and 1 < x.shape[0] <= skinny_gemm.MAX_M \
-        else None
-    return layer(x) if y is None else y
-
-
-def _time_paths(group: list[Linear], rows: int, few_token_matmul: bool,
+def _time_paths(group: list[Linear], rows: int, ops: StepOps,
                 timer: Timer, reps: int) -> tuple[float, float]:
     """(codes, copy) seconds a layer at ``rows`` rows, medians of ``reps`` alternating runs."""
     x = torch.randn(rows, group[0].in_features, device=group[0].device, dtype=group[0].dtype)
@@ -97,7 +91,8 @@ def _time_paths(group: list[Linear], rows: int, few_token_matmul: bool,
     def run(min_rows: int) -> float:
         for layer in group:
             layer.gpu_copy_min_rows = min_rows
-        return timer(lambda: [_step_call(layer, x, few_token_matmul) for layer in group])
+        # as a step runs the layer (``linear.matmul``), its prologue left out
+        return timer(lambda: [matmul(layer, x, Prologue(), ops) for layer in group])
 
     run(NEVER), run(0)  # warm: compile either path's kernels for this row count
     codes, copy = [], []
@@ -109,7 +104,7 @@ def _time_paths(group: list[Linear], rows: int, few_token_matmul: bool,
 
 
 def choose(layers: Iterable[torch.nn.Module], min_rows: int | str | None,
-           few_token_matmul: bool, timer: Timer = cuda_timer,
+           ops: StepOps, timer: Timer = cuda_timer,
            candidates: tuple[int, ...] = CANDIDATE_ROWS, reps: int = REPS) -> CopyRows:
     """Set ``gpu_copy_min_rows`` on every quantised layer that keeps a dense copy: to
     ``min_rows`` where it is a number, measured per layer shape (``timer``) where it is
@@ -132,7 +127,7 @@ def choose(layers: Iterable[torch.nn.Module], min_rows: int | str | None,
     with torch.inference_mode():
         for key, group in groups.items():
             us[key] = {m: tuple(round(t * 1e6, 2) for t in
-                                _time_paths(group, m, few_token_matmul, timer, reps))
+                                _time_paths(group, m, ops, timer, reps))
                        for m in candidates}
             rows[key] = crossover(us[key])
             for layer in group:

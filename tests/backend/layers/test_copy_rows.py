@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.layers import copy_rows
 from backend.layers.copy_rows import CANDIDATE_ROWS, NEVER, choose, crossover, shape_key
+from backend.layers.fused_ops import EAGER, TRITON
+from backend.layers.gemv import Prologue
 from backend.layers.linear import (GPU_COPY_MIN_ROWS, DenseLinear, LinearRows, WeightFormat,
-                                   make_linear)
+                                   make_linear, matmul)
 
 
 def _layer(kind: str, n: int, k: int, seed: int, device: str = "cpu"):
@@ -59,7 +60,7 @@ def test_measured_rows_are_set_per_shape_from_what_each_path_took():
 
     keys = {shape_key(qkv[0]), shape_key(down[0])}
     assert len(keys) == 2
-    chosen = choose(qkv + down + [bare], "auto", False, timer=timer, reps=3)
+    chosen = choose(qkv + down + [bare], "auto", EAGER, timer=timer, reps=3)
     assert chosen.mode == "measured" and set(chosen.rows) == keys
     assert chosen.rows[shape_key(qkv[0])] == 48 and chosen.rows[shape_key(down[0])] == NEVER
     assert [m.gpu_copy_min_rows for m in qkv] == [48] * 3
@@ -74,14 +75,14 @@ def test_measured_rows_are_set_per_shape_from_what_each_path_took():
 
 def test_a_set_row_count_or_the_default_applies_untimed():
     layers = [_layer("int4", 96, 64, seed=s) for s in range(2)]
-    assert choose(layers, "auto", False, timer=None).mode == "none"  # no copies: nothing timed
+    assert choose(layers, "auto", EAGER, timer=None).mode == "none"  # no copies: nothing timed
     for m in layers:
         m.keep_prefill_dense(True)
-    chosen = choose(layers, None, False, timer=None)  # the default: the fixed crossover
+    chosen = choose(layers, None, EAGER, timer=None)  # the default: the fixed crossover
     assert (chosen.mode, chosen.us) == ("fixed", {})
     assert chosen.rows == {shape_key(layers[0]): GPU_COPY_MIN_ROWS["int4"]}
     assert [m.gpu_copy_min_rows for m in layers] == [GPU_COPY_MIN_ROWS["int4"]] * 2
-    chosen = choose(layers, 40, False, timer=None)
+    chosen = choose(layers, 40, EAGER, timer=None)
     assert (chosen.mode, chosen.rows) == ("fixed", {shape_key(layers[0]): 40})
     assert [m.gpu_copy_min_rows for m in layers] == [40, 40]
 
@@ -98,13 +99,13 @@ def test_on_cuda_each_layer_takes_the_path_the_measurement_chose():
     layers = [_layer("int4", 4096, 4096, seed=s, device="cuda") for s in range(4)]
     for m in layers:
         m.keep_prefill_dense(True)
-    chosen = choose(layers, "auto", True, reps=3)
+    chosen = choose(layers, "auto", TRITON, reps=3)
     first = chosen.rows[shape_key(layers[0])]
     assert first in (*CANDIDATE_ROWS, NEVER)
     assert all(t[0] > 0 and t[1] > 0 for t in chosen.us[shape_key(layers[0])].values())
     dense = DenseLinear.over(layers[0].prefill_weight)
     for rows in (16, 64, 128):
         x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
-        on_copy = torch.equal(copy_rows._step_call(layers[0], x, True),
-                              copy_rows._step_call(dense, x, True))
+        on_copy = torch.equal(matmul(layers[0], x, Prologue(), TRITON)[0],
+                              matmul(dense, x, Prologue(), TRITON)[0])
         assert on_copy == (rows >= first), rows
