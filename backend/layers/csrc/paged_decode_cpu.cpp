@@ -11,7 +11,7 @@
 // cache's scales [slots, 2, kvh] (the torch path's layout, kernel_layout=False).
 // Built with -mavx512f on CPUs that have AVX-512F, else with -mavx2 -mfma -mf16c on CPUs that
 // have those (backend.layers.cpu_paged_decode.ISAS): the same code over 16 floats at a time.
-// Plain C ABI (called through ctypes): no torch headers, a one-second compile.
+// Plain C ABI (called through ctypes): no torch headers, ~20 s to compile on 2 cores.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -44,6 +44,11 @@ inline vf vround(vf a) {  // to the nearest integer, ties to even
 }
 inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
 inline float vmaxall(vf a) { return _mm512_reduce_max_ps(a); }
+// sums[t] = vsum(x[t]), t < 8
+inline void vsum8(const vf* x, float* sums) {
+  for (int t = 0; t < 8; ++t) sums[t] = _mm512_reduce_add_ps(x[t]);
+}
+constexpr int kChunk = 8;  // vectors a value pass keeps in registers (of 32)
 
 inline vf load16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact: the top half)
   return _mm512_castsi512_ps(_mm512_slli_epi32(
@@ -116,6 +121,19 @@ inline float vmaxall(vf x) {
   _mm256_store_ps(t, _mm256_max_ps(x.a, x.b));
   return *std::max_element(t, t + 8);
 }
+// sums[t] = vsum(x[t]), t < 8: three rounds of pairwise adds for the eight, not eight
+// reductions of their own
+inline void vsum8(const vf* x, float* sums) {
+  __m256 h[4];
+  for (int t = 0; t < 4; ++t)
+    h[t] = _mm256_hadd_ps(_mm256_add_ps(x[2 * t].a, x[2 * t].b),
+                          _mm256_add_ps(x[2 * t + 1].a, x[2 * t + 1].b));
+  const __m256 lo = _mm256_hadd_ps(h[0], h[1]), hi = _mm256_hadd_ps(h[2], h[3]);
+  // lo: x0..x3's sums of lanes 0-3 then of lanes 4-7; hi: x4..x7's
+  _mm256_storeu_ps(sums, _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20),
+                                       _mm256_permute2f128_ps(lo, hi, 0x31)));
+}
+constexpr int kChunk = 4;  // vectors a value pass keeps in registers (8 of 16)
 
 inline __m256 bf16x8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(
@@ -197,19 +215,48 @@ inline vf exp16(vf x) {
 }
 
 constexpr int kMaxGroup = 8;
+// Positions a span's value pass covers at a time: their V rows of one head (64 × hd
+// elements) stay in L1 while each query head of the group, and each part of hd, reads them.
+constexpr int kSub = 64;
+// Positions ahead whose slots the score pass asks memory for: the hardware's prefetchers
+// alone left the pass waiting on DRAM (a layer's cache is cold: the step's weights passed
+// through the caches since)
+constexpr int kAhead = 8;
 
 // Positions [p0, p1) of one sequence, every head: out [H, HD] unnormalised, ml [2, H] the
-// rows' max score and sum of exp(score - max). scores: [H, p1 - p0] scratch. sc: an int8
-// cache's scales ([slots, 2, kvh]), else null.
+// rows' max score and sum of exp(score - max). scores: [H, p1 - p0] scratch; slots: [p1 - p0]
+// scratch. sc: an int8 cache's scales ([slots, 2, kvh]), else null.
 template <typename Tq, typename Tc, int HD>
 void span(const Tq* q, const Tc* cache, const float* sc, int kvh, int g, const int32_t* table,
-          int bs, int p0, int p1, float scale, float* scores, float* out, float* ml) {
+          int bs, int p0, int p1, float scale, float* scores, int64_t* slots, float* out,
+          float* ml) {
   constexpr int V = HD / 16;
+  constexpr int CH = V < kChunk ? V : kChunk;  // vectors of hd a value pass accumulates
   const int H = kvh * g, n = p1 - p0;
   const int64_t stride = 2LL * kvh * HD;  // one slot: K and V of every head
-  for (int p = p0; p < p1; ++p) {
-    const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+  // each position's slot, block by block (no division per position and pass)
+  for (int p = p0; p < p1;) {
+    const int b = p / bs, end = std::min(p1, (b + 1) * bs);
+    const int64_t base = static_cast<int64_t>(table[b]) * bs - static_cast<int64_t>(b) * bs;
+    for (; p < end; ++p) slots[p - p0] = base + p;
+  }
+  // scores: each query head's dot products, their horizontal sums eight at a time
+  vf dots[8];
+  float dot_scale[8], sums[8];
+  constexpr int64_t kLine = 64;
+  const int64_t slot_bytes = stride * static_cast<int64_t>(sizeof(Tc));
+  for (int i = 0; i < std::min(n, kAhead); ++i) {
+    const char* first = reinterpret_cast<const char*>(cache + slots[i] * stride);
+    for (int64_t b = 0; b < slot_bytes; b += kLine) _mm_prefetch(first + b, _MM_HINT_T0);
+  }
+  for (int i = 0; i < n; ++i) {
+    const int64_t slot = slots[i];
     const Tc* k = cache + slot * stride;
+    if (i + kAhead < n) {  // a later position's whole slot, K and V, on its way from memory
+      const char* next = reinterpret_cast<const char*>(cache + slots[i + kAhead] * stride);
+      for (int64_t b = 0; b < slot_bytes; b += kLine) _mm_prefetch(next + b, _MM_HINT_T0);
+    }
+    int filled = 0, r0 = 0;
     for (int h = 0; h < kvh; ++h) {
       vf kv[V];
       for (int c = 0; c < V; ++c) kv[c] = load16(k + h * HD + c * 16);
@@ -218,8 +265,20 @@ void span(const Tq* q, const Tc* cache, const float* sc, int kvh, int g, const i
         const Tq* qj = q + (h * g + j) * HD;
         vf s = vmul(load16(qj), kv[0]);
         for (int c = 1; c < V; ++c) s = vfma(load16(qj + c * 16), kv[c], s);
-        scores[(h * g + j) * n + p - p0] = vsum(s) * ks;
+        dots[filled] = s;
+        dot_scale[filled++] = ks;
+        if (filled == 8) {
+          vsum8(dots, sums);
+          for (int t = 0; t < 8; ++t) scores[(r0 + t) * n + i] = sums[t] * dot_scale[t];
+          r0 += 8;
+          filled = 0;
+        }
       }
+    }
+    if (filled) {
+      for (int t = filled; t < 8; ++t) dots[t] = vzero();
+      vsum8(dots, sums);
+      for (int t = 0; t < filled; ++t) scores[(r0 + t) * n + i] = sums[t] * dot_scale[t];
     }
   }
   for (int r = 0; r < H; ++r) {
@@ -244,23 +303,27 @@ void span(const Tq* q, const Tc* cache, const float* sc, int kvh, int g, const i
     ml[r] = m;
     ml[H + r] = vsum(sum);
   }
-  for (int h = 0; h < kvh; ++h) {
-    vf o[kMaxGroup][V];
-    for (int j = 0; j < g; ++j)
-      for (int c = 0; c < V; ++c) o[j][c] = vzero();
-    for (int p = p0; p < p1; ++p) {
-      const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
-      const Tc* v = cache + slot * stride + (kvh + h) * HD;
-      const float vs = sc ? sc[slot * 2 * kvh + kvh + h] : 1.f;
-      vf vv[V];
-      for (int c = 0; c < V; ++c) vv[c] = load16(v + c * 16);
+  // values: each query head's weighted sum, CH vectors of hd in registers at a time, over
+  // kSub positions at a time (out holds the sums between)
+  for (int r = 0; r < H * V; ++r) store16(out + r * 16, vzero());
+  for (int s0 = 0; s0 < n; s0 += kSub) {
+    const int s1 = std::min(n, s0 + kSub);
+    for (int h = 0; h < kvh; ++h) {
       for (int j = 0; j < g; ++j) {
-        const vf w = vset(scores[(h * g + j) * n + p - p0] * vs);
-        for (int c = 0; c < V; ++c) o[j][c] = vfma(w, vv[c], o[j][c]);
+        const float* w = scores + (h * g + j) * n;
+        float* o = out + (h * g + j) * HD;
+        for (int c0 = 0; c0 < V; c0 += CH) {
+          vf acc[CH];
+          for (int c = 0; c < CH; ++c) acc[c] = load16(o + (c0 + c) * 16);
+          for (int i = s0; i < s1; ++i) {
+            const Tc* v = cache + slots[i] * stride + (kvh + h) * HD + c0 * 16;
+            const vf wv = vset(sc ? w[i] * sc[slots[i] * 2 * kvh + kvh + h] : w[i]);
+            for (int c = 0; c < CH; ++c) acc[c] = vfma(wv, load16(v + c * 16), acc[c]);
+          }
+          for (int c = 0; c < CH; ++c) store16(o + (c0 + c) * 16, acc[c]);
+        }
       }
     }
-    for (int j = 0; j < g; ++j)
-      for (int c = 0; c < V; ++c) store16(out + (h * g + j) * HD + c * 16, o[j][c]);
   }
 }
 
@@ -289,11 +352,13 @@ void run(const Tq* q, Tq* out, const Tc* cache, const float* sc, const int32_t* 
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> scores(static_cast<size_t>(H) * longest + 16);
+    std::vector<int64_t> slots(static_cast<size_t>(longest));
 #pragma omp for schedule(static, 1)
     for (int i = 0; i < S; ++i) {
       const int d = seq[i];
       span<Tq, Tc, HD>(q + static_cast<int64_t>(d) * H * HD, cache, sc, kvh, g,
                   tables + static_cast<int64_t>(d) * W, bs, lo[i], hi[i], scale, scores.data(),
+                  slots.data(),
                   part.data() + static_cast<size_t>(i) * H * HD,
                   ml.data() + static_cast<size_t>(i) * 2 * H);
     }
