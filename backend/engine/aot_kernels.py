@@ -2,13 +2,15 @@
 steps of few rows: the int8 LM head's one-row GEMV and the quantised layers' work between
 attention calls (``backend.engine.aot_layers``: one package for one-row steps, one for
 steps of 2 up to 31 rows (int4 layers on the int4 x int8 op; 8 on torch's int4 kernel, 3 for
-int8)); and, in steps of any size, the decode rows'
-attention over a cache in the model dtype or int8 read in place, with the int8 store
-(``backend.layers.cpu_paged_decode``, a C++ library, CPUs with AVX-512F). Packages live in the weights cache,
-``$FIRSTTOKEN_CACHE/kernels`` (default ``~/.cache/firsttoken/kernels``), one per shape and
-machine; ``make model`` builds the embedded model's. At start the engine loads a package
-that is there (``--cpu-aot-kernels auto``), compiles a missing one first (``build``, 10-40 s
-once) or runs the eager path (``off``, and wherever no package loads);
+int8)); our C++ libraries: the int4 x int8 op (``backend.layers.cpu_w4a8``), the int8 LM
+head's kernel for every row count on CPUs without AVX-512 (``backend.layers.cpu_int8_rows``)
+and, in steps of any size, the decode rows' attention over a cache in the model dtype or
+int8 read in place, with the int8 store (``backend.layers.cpu_paged_decode``; AVX-512F or
+AVX2). Packages and libraries live in the weights cache, ``$FIRSTTOKEN_CACHE/kernels``
+(default ``~/.cache/firsttoken/kernels``), one per shape and machine; ``make model`` builds
+the embedded model's. At start the engine loads a package that is there
+(``--cpu-aot-kernels auto``), compiles a missing one first (``build``, 10-40 s once) or
+runs the eager path (``off``, and wherever no package loads);
 ``python -m backend.engine.build_kernels`` builds a model's packages and exits.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import TypeVar
 import torch
 
 from backend.engine import aot_layers
-from backend.layers import cpu_aot, cpu_paged_decode, cpu_w4a8
+from backend.layers import cpu_aot, cpu_int8_rows, cpu_paged_decode, cpu_w4a8
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache
 from backend.layers.linear import Int4Linear, Int8Linear
@@ -33,6 +35,7 @@ from backend.weights.paths import cache_root
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+K = TypeVar("K", cpu_aot.OneRowInt8, cpu_int8_rows.Int8Rows)
 BUILD_HINT = "python -m backend.engine.build_kernels --model MODEL builds it"
 
 
@@ -65,16 +68,17 @@ def kernels_dir() -> Path:
 
 
 def attach(model: LlamaModel, attn: Attention, mode: str,
-           int4_activations: str) -> AotKernels:
+           int4_activations: str, int8_rows: bool = False) -> AotKernels:
     """Gives the model on the CPU its compiled one-token kernels, per ``mode``, after the
     step ops are chosen (compiled step ops get none): the int4 layers' int4 x int8 op
     where ``int4_activations`` asks for it (int8x2 / int8), first, as the layer pieces call
-    it; the int8 LM head's one-row GEMV and the layer pieces between attention calls; and
-    ``attn`` its paged decode kernel. A package that does not load, or whose output differs from the eager
-    path's on the model's own weights, is not used (the engine runs the eager path and says
-    why)."""
+    it; the int8 LM head's one-row GEMV (or, with ``int8_rows``, on CPUs where torch's int8
+    kernel is unvectorised, ``cpu_int8_rows`` for all its calls) and the layer pieces
+    between attention calls; and ``attn`` its paged decode kernel. A package that does not
+    load, or whose output differs from the eager path's on the model's own weights, is not
+    used (the engine runs the eager path and says why)."""
     w4a8 = attach_int4_w4a8(model, mode, int4_activations)
-    head = attach_head(model, mode)
+    head = attach_head(model, mode, int8_rows)
     one, few = attach_layers(model, mode)
     return replace(head, layers=one, few_rows_layers=few,
                    decode_attention=attach_decode_attention(model, attn, mode),
@@ -91,6 +95,17 @@ def int4_op_ready(mode: str, activations: str) -> bool:
     if activations == "model" or mode == "off" or cpu_w4a8.why_not_here() is not None:
         return False
     return mode == "build" or (kernels_dir() / cpu_w4a8.library_name()).is_file()
+
+
+def int8_rows_ready(mode: str, dtype: torch.dtype) -> bool:
+    """Whether an int8 LM head on this CPU would run through ``cpu_int8_rows``: float32
+    activations, a build for this CPU, and its library in the kernels directory or ``mode``
+    build (``make model`` builds it). Checked before the weights are loaded, so
+    ``--lm-head-dtype auto`` keeps a file's Q8_0 head as int8 codes only where they will
+    not fall to torch's int8 kernel, which without AVX-512 runs unvectorised."""
+    if mode == "off" or dtype != torch.float32 or cpu_int8_rows.why_not_here() is not None:
+        return False
+    return mode == "build" or (kernels_dir() / cpu_int8_rows.library_name()).is_file()
 
 
 def _int4_layers(model: LlamaModel) -> list[Int4Linear]:
@@ -274,7 +289,10 @@ def attach_layers(model: LlamaModel, mode: str) -> tuple[dict, dict]:
     return one, {**few, "rows": list(rows)}
 
 
-def attach_head(model: LlamaModel, mode: str) -> AotKernels:
+def attach_head(model: LlamaModel, mode: str, int8_rows: bool = False) -> AotKernels:
+    """The int8 LM head's kernel on the CPU: with ``int8_rows`` (torch's int8 kernel is
+    unvectorised here) ``cpu_int8_rows`` for every call where it serves the head's weights,
+    else the one-row GEMV package; its status."""
     head = model.lm_head
     if mode == "off":
         return AotKernels(mode, "off", "--cpu-aot-kernels off")
@@ -285,18 +303,23 @@ def attach_head(model: LlamaModel, mode: str) -> AotKernels:
         # torch.compile cannot trace into the package: the compiled head runs torch's kernel
         head.one_row = None
         return AotKernels(mode, "not used", "--compile: the compiled head runs torch's kernel")
-    (n, k), dtype, directory = head.weight_shape, head.dtype, kernels_dir()
-    head.one_row, status = _load_or_build(
-        f"the LM head's one-row int8 GEMV ({n} x {k})",
-        directory / cpu_aot.package_name(n, k, dtype), mode,
-        lambda: cpu_aot.build(directory, n, k, dtype)[1],
-        lambda: _checked(cpu_aot.load(directory, n, k, dtype), head))
+    if int8_rows and cpu_int8_rows.Int8Rows.serves(head.q, head.scale):
+        head.one_row, status = _library(
+            "the LM head's int8 rows kernel", cpu_int8_rows, mode,
+            lambda directory: _checked(cpu_int8_rows.load(directory), head))
+    else:
+        (n, k), dtype, directory = head.weight_shape, head.dtype, kernels_dir()
+        head.one_row, status = _load_or_build(
+            f"the LM head's one-row int8 GEMV ({n} x {k})",
+            directory / cpu_aot.package_name(n, k, dtype), mode,
+            lambda: cpu_aot.build(directory, n, k, dtype)[1],
+            lambda: _checked(cpu_aot.load(directory, n, k, dtype), head))
     return AotKernels(mode, status["status"], status["reason"], status["path"],
                       status["build_seconds"])
 
 
-def _checked(kernel: cpu_aot.OneRowInt8, head: Int8Linear) -> cpu_aot.OneRowInt8:
-    """The package against torch's kernel on the head's own weights, one random row."""
+def _checked(kernel: K, head: Int8Linear) -> K:
+    """The kernel against torch's kernel on the head's own weights, one random row."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, head.in_features, generator=gen).to(head.dtype)
     got = kernel(x, head.q, head.scale)

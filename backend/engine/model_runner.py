@@ -58,6 +58,13 @@ def cpu_packed_kernels_fast() -> bool:
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
+def int8_head_rows_kernel() -> bool:
+    """Whether an int8 LM head on the CPU runs ``cpu_int8_rows`` for all its calls instead
+    of torch's int8 kernel and the one-row GEMV package: where those are unvectorised (no
+    AVX-512)."""
+    return not cpu_packed_kernels_fast()
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """auto: bfloat16 on CUDA and on CPUs with native bf16 (half the weight bytes per
     decode step, twice the matmul rate on AVX512-BF16); float32 on other CPUs, where bf16
@@ -124,9 +131,9 @@ class ModelRunner:
         self.compile_info = apply_step_ops(
             self.model, resolve_step_ops(config.compile, config.fused_ops, self.device),
             self.attn, self.kv_cache.scratch_slot, self.block_size)
-        self.aot_kernels: AotKernels = attach_aot_kernels(self.model, self.attn,
-                                                               config.cpu_aot_kernels,
-                                                               config.cpu_int4_activations)
+        self.aot_kernels: AotKernels = attach_aot_kernels(
+            self.model, self.attn, config.cpu_aot_kernels, config.cpu_int4_activations,
+            int8_rows=self.device.type == "cpu" and int8_head_rows_kernel())
         if self.attn.cpu_decode is not None:  # decode rows run our kernel, prefill SDPA
             self.attention_kernel = f"{self.attention_kernel}+{cpu_paged_decode.KERNEL_NAME}"
         if self.device.type != "cuda":
@@ -152,11 +159,14 @@ class ModelRunner:
                                     self._codes_fast(config, source.weight_quantization), dense)
         head_dtype = config.lm_head_dtype
         if head_dtype == "auto":
-            # the file's Q8_0 head beside quantised layers, where int8 matmuls are fast;
-            # else auto's float choice for this machine (fp16 where fbgemm runs it): the
-            # head is a small model's largest matmul, and torch's int8 kernel without
-            # AVX-512 took 20-136 ms at 1-4 rows for SmolLM2's (docs/BENCHMARKS.md)
-            int8_fast = self.device.type == "cuda" or cpu_packed_kernels_fast()
+            # the file's Q8_0 head beside quantised layers, where int8 matmuls are fast (on
+            # CUDA, AVX-512, or through ``cpu_int8_rows`` where it is built); else auto's
+            # float choice for this machine (fp16 where fbgemm runs it): the head is a
+            # small model's largest matmul, and torch's int8 kernel without AVX-512 took
+            # 20-136 ms at 1-4 rows for SmolLM2's (docs/BENCHMARKS.md)
+            int8_fast = self.device.type == "cuda" or cpu_packed_kernels_fast() or (
+                int8_head_rows_kernel()
+                and aot_kernels.int8_rows_ready(config.cpu_aot_kernels, self.dtype))
             head = WeightFormat.parse("int8", config.int4_group_size) \
                 if fmt.kind != "dense" and source.head_quantization == "int8" and int8_fast \
                 else dense

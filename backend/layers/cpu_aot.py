@@ -79,6 +79,9 @@ class OneRowInt8:
     it was built for (the caller checks ``accepts``; the compiled code does not check its
     inputs' shapes or strides)."""
 
+    name = "aot-inductor-int8-gemv"  # ``EngineStats.lm_head_kernel`` where the head runs it
+    max_rows: int | None = 1
+
     def __init__(self, path: Path, dtype: torch.dtype) -> None:
         self.path, self.dtype = path, dtype
         self._run = load_runner(path)

@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.layers import (cpu_aot, cpu_dequant, cpu_fp16, cpu_w4a8, fp8_matmul, gemv,
-                            gpu_dequant, quant_kernels, skinny_gemm)
+from backend.layers import (cpu_aot, cpu_dequant, cpu_fp16, cpu_int8_rows, cpu_w4a8,
+                            fp8_matmul, gemv, gpu_dequant, quant_kernels, skinny_gemm)
 from backend.layers.fused_ops import StepOps
 from backend.layers.gemv import SILU_MUL, Prologue
 from backend.layers.quantize import (GroupQuantized, check_group, dequantize_fp8, dequantize_int8,
@@ -57,7 +57,7 @@ TRITON_MAX_M = 128  # tokens per step up to which the Triton kernels run on CUDA
 # batch 128 the copies 19.2 ms, the int4 codes 21.1-21.3, int8's 20.7, bf16 19.5-20.3.
 GPU_COPY_MIN_ROWS = {"int4": 65, "int8": 65}
 PREFILL_DENSE_MODES = ("auto", "on", "off")
-ONE_ROW_AOT_KERNEL = "aot-inductor-int8-gemv"  # ``Int8Linear.one_row``'s name in /health
+ONE_ROW_AOT_KERNEL = cpu_aot.OneRowInt8.name  # ``Int8Linear.one_row``'s name in /health
 
 
 @dataclass(frozen=True)
@@ -598,9 +598,11 @@ class _QuantizedLinear(Linear):
 
 class Int8Linear(_QuantizedLinear):
     """Symmetric int8, one scale per output row: W = q * scale[:, None]."""
-    # On the CPU, one-row calls through a GEMV compiled ahead of time for this shape, where
-    # the engine loaded one (``backend.engine.aot_kernels``: the LM head's)
-    one_row: cpu_aot.OneRowInt8 | None = None
+    # On the CPU, one-row calls through a GEMV compiled ahead of time for this shape, or
+    # calls of every row count through ``cpu_int8_rows`` where torch's int8 kernel is
+    # unvectorised, where the engine loaded one (``backend.engine.aot_kernels``: the LM
+    # head's)
+    one_row: cpu_aot.OneRowInt8 | cpu_int8_rows.Int8Rows | None = None
 
     def _new_stage(self) -> dict[str, torch.Tensor]:
         N, K, dev = self.out_features, self.in_features, self.device
@@ -672,8 +674,14 @@ class Int8Linear(_QuantizedLinear):
         if fused and self.device.type == "cuda" and self.weight_shape in quant_kernels.INT8_FUSED:
             return "triton-int8-fused"
         if self.one_row is not None and self.device.type == "cpu":
-            return ONE_ROW_AOT_KERNEL
+            return self.one_row.name
         return self.kernel
+
+    def prefill_dense_bytes(self) -> int:
+        # a kernel for every row count (``cpu_int8_rows``) leaves a dense copy no call
+        if self.one_row is not None and self.one_row.max_rows is None:
+            return 0
+        return super().prefill_dense_bytes()
 
 
 class Int4Linear(_QuantizedLinear):

@@ -156,7 +156,8 @@ def test_auto_keeps_file_codes_only_where_the_packed_cpu_kernels_are_fast(
     """The engine asks the CPU: with AVX-512 the embedded model's Q4_1 codes are served as
     int4, beside its Q8_0 head as int8; without AVX-512 too where the int4 x int8 op will
     serve them (its AVX2 build), but the head dense (torch's int8 kernel is unvectorised
-    there); else every layer dense, in the model dtype."""
+    there, and the int8 rows kernel is off here); else every layer dense, in the model
+    dtype."""
     cfg = EngineConfig(dtype="float32", kv_cache_memory_gib=0.01, max_model_len=64,
                        cpu_aot_kernels="off")
     asked = []
@@ -180,6 +181,23 @@ def test_without_avx512_auto_keeps_int4_codes_beside_an_fp16_head(smollm2_source
                                cpu_aot_kernels="off"), smollm2_source).stats()
     assert (s.dtype, s.weights_format, s.lm_head_format) == ("float32", "int4-g32", "fp16")
     assert s.lm_head_kernel == ("fbgemm-fp16" if cpu_fp16.available() else "dense")
+
+
+def test_without_avx512_auto_keeps_the_q8_head_where_the_int8_rows_kernel_serves(
+        smollm2_source, monkeypatch):
+    """An AVX2 CPU (pinned) where the int8 rows kernel is built or to be built: the file's
+    Q8_0 head stays int8 codes (``cpu_int8_rows`` runs it), asked with the config's mode and
+    the model dtype."""
+    monkeypatch.setattr(model_runner, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(model_runner, "cpu_packed_kernels_fast", lambda: False)
+    monkeypatch.setattr(aot_kernels, "int4_op_ready", lambda mode, act: True)
+    asked = []
+    monkeypatch.setattr(aot_kernels, "int8_rows_ready",
+                        lambda mode, dtype: asked.append((mode, dtype)) or True)
+    s = LLMEngine(EngineConfig(kv_cache_memory_gib=0.01, max_model_len=64,
+                               cpu_aot_kernels="off"), smollm2_source).stats()
+    assert (s.dtype, s.weights_format, s.lm_head_format) == ("float32", "int4-g32", "int8")
+    assert asked == [("off", torch.float32)]
 
 
 def test_the_int4_op_is_ready_where_asked_for_built_or_to_be_built(tmp_path, monkeypatch):

@@ -9,7 +9,8 @@ import httpx
 import openai
 import pytest
 
-from backend.layers import cpu_paged_decode
+from backend.engine import model_runner
+from backend.layers import cpu_int8_rows, cpu_paged_decode
 from backend.layers.linear import ONE_ROW_AOT_KERNEL
 
 from .conftest import real_server
@@ -79,6 +80,10 @@ def test_the_embedded_model_runs_the_kernels_make_model_built(smollm2):
         assert aot["lm_head"] == "not used"
         return
     assert aot["lm_head"] == "loaded", f"{aot}: `make model` builds it"
+    if model_runner.int8_head_rows_kernel():  # no AVX-512: every call on our kernel
+        assert health["lm_head_kernel"] == cpu_int8_rows.KERNEL_NAME
+        assert aot["path"].endswith(".so") and aot["mode"] == "auto"
+        return
     assert health["lm_head_kernel"] == ONE_ROW_AOT_KERNEL
     assert aot["path"].endswith(".pt2") and aot["mode"] == "auto"
 
