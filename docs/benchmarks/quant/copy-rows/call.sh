@@ -35,6 +35,6 @@ echo "pytest rc=$?"; tail -3 $OUT/pytest.log
 # the CPU kernels' tests on this host's CPU (AVX-512 where the 2-core VM has AVX2 alone)
 grep -o -m1 -E "avx512_vnni|avx512f" /proc/cpuinfo | head -1
 timeout ${CPU_TEST_S:-60} python3 -m pytest -q -p no:cacheprovider tests/backend/layers/test_cpu_paged_decode.py \
-  tests/backend/layers/test_cpu_w4a8.py > $OUT/pytest-cpu.log 2>&1
+  tests/backend/layers/test_cpu_w4a8.py tests/backend/layers/test_cpu_int8_rows.py > $OUT/pytest-cpu.log 2>&1
 echo "pytest cpu rc=$?"; tail -3 $OUT/pytest-cpu.log
 date -u
