@@ -178,6 +178,16 @@ def first_isa(isas: tuple[Isa, ...]) -> Isa | None:
     return next((isa for isa in isas if flags.issuperset(isa[1])), None)
 
 
+def why_not_buildable(isas: tuple[Isa, ...], source: Path, lacking: str) -> str | None:
+    """Why one of our C++ libraries cannot be built here: the CPU has none of ``isas``
+    (``lacking``), its ``source`` is missing, or there is no compiler; else None."""
+    if first_isa(isas) is None:
+        return lacking
+    if not source.is_file():
+        return f"its source {source.name} is not installed beside this module"
+    return no_compiler()
+
+
 def isa_flags(isas: tuple[Isa, ...], common: tuple[str, ...]) -> tuple[str, ...]:
     """``common`` and the compiler flags of this CPU's build (``first_isa``); the first
     build's where none fits (its ``why_not_here`` refuses to build then)."""

@@ -34,11 +34,7 @@ def flags() -> tuple[str, ...]:
 
 def why_not_here() -> str | None:
     """Why this machine cannot build the kernel, or None."""
-    if cpu_aot.first_isa(ISAS) is None:
-        return "the CPU lacks AVX2, FMA and F16C"
-    if not SOURCE.is_file():
-        return f"its source {SOURCE.name} is not installed beside this module"
-    return cpu_aot.no_compiler()
+    return cpu_aot.why_not_buildable(ISAS, SOURCE, "the CPU lacks AVX2, FMA and F16C")
 
 
 def library_name() -> str:

@@ -49,12 +49,9 @@ def flags() -> tuple[str, ...]:
 
 def why_not_here() -> str | None:
     """Why this machine cannot build the kernel, or None."""
-    if cpu_aot.first_isa(ISAS) is None:
-        return ("the CPU has neither AVX-512F nor AVX2 with FMA and F16C (the torch path "
-                "serves decode attention)")
-    if not SOURCE.is_file():
-        return f"its source {SOURCE.name} is not installed beside this module"
-    return cpu_aot.no_compiler()
+    return cpu_aot.why_not_buildable(
+        ISAS, SOURCE, "the CPU has neither AVX-512F nor AVX2 with FMA and F16C (the torch "
+        "path serves decode attention)")
 
 
 def library_name() -> str:

@@ -56,12 +56,9 @@ def flags() -> tuple[str, ...]:
 
 def why_not_here() -> str | None:
     """Why this machine cannot build the op, or None."""
-    if cpu_aot.first_isa(ISAS) is None:
-        needs = " or ".join(", ".join(need) for _, need, _ in ISAS)
-        return f"the CPU lacks {needs} (torch's int4 kernel serves)"
-    if not SOURCE.is_file():
-        return f"its source {SOURCE.name} is not installed beside this module"
-    return cpu_aot.no_compiler()
+    needs = " or ".join(", ".join(need) for _, need, _ in ISAS)
+    return cpu_aot.why_not_buildable(ISAS, SOURCE,
+                                     f"the CPU lacks {needs} (torch's int4 kernel serves)")
 
 
 def serves(out_features: int, in_features: int, group_size: int) -> bool:

@@ -60,6 +60,17 @@ def test_matches_torchs_int8_kernel_and_the_dequantised_reference(built, seed):
     assert (got.float() - ref).abs().mean() <= (want.float() - ref).abs().mean() * 1.05
 
 
+def built_library(module, directory):
+    """One of our C++ libraries (``module``: its ``load``, ``build``, ``library_name``)
+    built into the empty ``directory``, a second build finding it there, then loaded."""
+    assert module.load(directory) is None  # nothing built yet
+    module.build(directory)
+    assert module.build(directory) < 1.0  # there already: nothing compiled
+    loaded = module.load(directory)
+    assert loaded is not None and loaded.path.name == module.library_name()
+    return loaded
+
+
 class Counting:
     """A loaded kernel that counts its calls (its other methods pass through uncounted)."""
 

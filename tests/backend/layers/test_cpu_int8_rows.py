@@ -14,7 +14,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.layers import cpu_int8_rows
 from backend.weights.loader import load_model_source
-from tests.backend.layers.test_cpu_aot import Counting
+from tests.backend.layers.test_cpu_aot import Counting, built_library
 
 pytestmark = pytest.mark.skipif(cpu_int8_rows.why_not_here() is not None,
                                 reason=str(cpu_int8_rows.why_not_here()))
@@ -22,13 +22,7 @@ pytestmark = pytest.mark.skipif(cpu_int8_rows.why_not_here() is not None,
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory) -> cpu_int8_rows.Int8Rows:
-    directory = tmp_path_factory.mktemp("kernels")
-    assert cpu_int8_rows.load(directory) is None  # nothing built yet
-    cpu_int8_rows.build(directory)
-    assert cpu_int8_rows.build(directory) < 1.0  # there already: nothing compiled
-    loaded = cpu_int8_rows.load(directory)
-    assert loaded is not None and loaded.path.name == cpu_int8_rows.library_name()
-    return loaded
+    return built_library(cpu_int8_rows, tmp_path_factory.mktemp("kernels"))
 
 
 def weights(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ import torch
 from backend.layers import cpu_paged_decode
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache
-from tests.backend.layers.test_cpu_aot import Counting
+from tests.backend.layers.test_cpu_aot import Counting, built_library
 
 pytestmark = pytest.mark.skipif(cpu_paged_decode.why_not_here() is not None,
                                 reason=str(cpu_paged_decode.why_not_here()))
@@ -19,13 +19,7 @@ pytestmark = pytest.mark.skipif(cpu_paged_decode.why_not_here() is not None,
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory) -> cpu_paged_decode.PagedDecode:
-    directory = tmp_path_factory.mktemp("kernels")
-    assert cpu_paged_decode.load(directory) is None  # nothing built yet
-    cpu_paged_decode.build(directory)
-    assert cpu_paged_decode.build(directory) < 1.0  # there already: nothing compiled
-    loaded = cpu_paged_decode.load(directory)
-    assert loaded is not None and loaded.path.name == cpu_paged_decode.library_name()
-    return loaded
+    return built_library(cpu_paged_decode, tmp_path_factory.mktemp("kernels"))
 
 
 def case(lens: list[int], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
