@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace {
@@ -372,6 +373,11 @@ void run_parts(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& s
   }
 }
 
+// A number for a refusal's message, written by std::to_string: TORCH_CHECK's own formatting
+// of integers (through std::ostream) crashed with SIGSEGV where this library was built by
+// g++ 13.3 against torch 2.11's headers (an H100 host; string-only messages raised fine).
+inline std::string number(int64_t v) { return std::to_string(v); }
+
 at::Tensor int4_w4a8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min,
                         int64_t parts) {
   TORCH_CHECK(parts == 1 || parts == 2, "int4_w4a8_mm: parts must be 1 or 2");
@@ -381,7 +387,8 @@ at::Tensor int4_w4a8_mm(const at::Tensor& x, const at::Tensor& codes, const at::
               "int4_w4a8_mm: codes must be a contiguous uint8 [N/16, K/8, 64]");
   const int64_t K = x.size(1), NT = codes.size(0);
   TORCH_CHECK(K % kBlock == 0 && codes.size(1) * 8 == K,
-              "int4_w4a8_mm: x's width ", K, " does not match the codes' ", codes.size(1) * 8);
+              "int4_w4a8_mm: x's width " + number(K) + " does not match the codes' " +
+                  number(codes.size(1) * 8));
   TORCH_CHECK(scale_min.scalar_type() == at::kHalf && scale_min.is_contiguous() &&
                   scale_min.dim() == 4 && scale_min.size(0) == NT &&
                   scale_min.size(1) == K / kBlock && scale_min.size(2) == 2 &&
@@ -405,8 +412,8 @@ void int4_w4a8_dequant_t(const at::Tensor& codes, const at::Tensor& scale_min, i
   TORCH_CHECK(scale_min.scalar_type() == at::kHalf && scale_min.is_contiguous() &&
                   scale_min.dim() == 4 && scale_min.size(0) == NT && scale_min.size(1) == KB,
               "int4_w4a8_dequant_t: scale_min must be a contiguous fp16 [N/16, K/32, 2, 16]");
-  TORCH_CHECK(0 <= t0 && t0 <= t1 && t1 <= NT, "int4_w4a8_dequant_t: tiles ", t0, "..", t1,
-              " out of 0..", NT);
+  TORCH_CHECK(0 <= t0 && t0 <= t1 && t1 <= NT, "int4_w4a8_dequant_t: tiles " + number(t0) +
+                  ".." + number(t1) + " out of 0.." + number(NT));
   TORCH_CHECK(out.dim() == 2 && out.size(0) == K && out.size(1) == (t1 - t0) * kTile &&
                   out.stride(1) == 1,
               "int4_w4a8_dequant_t: out must be [K, 16 (t1 - t0)] with unit column stride");
