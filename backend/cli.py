@@ -16,7 +16,7 @@ from backend.schema import describe
 from backend.server.config import DEFAULT_MODEL, PROFILE_TOKEN_ENV, ServerConfig
 
 
-def _rows_or_auto(value: str) -> int | str:
+def rows_or_auto(value: str) -> int | str:
     """``auto`` (measured at start) or a row count."""
     if value == "auto":
         return value
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory the weight copies may take under --prefill-dense-weights "
                         f"auto (default: {PREFILL_DENSE_MAX_GIB:g} GiB on the CPU, on a GPU "
                         f"{GPU_PREFILL_DENSE_SHARE * 100:g}%% of its memory)")
-    p.add_argument("--gpu-copy-min-rows", type=_rows_or_auto, default=None, metavar="ROWS",
+    p.add_argument("--gpu-copy-min-rows", type=rows_or_auto, default=None, metavar="ROWS",
                    help="on CUDA, from how many rows a step multiplies the quantised layers' "
                         "dense copies (--prefill-dense-weights) instead of their codes: a "
                         "row count, or auto = timed at start for each layer shape on this "

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from backend.cli import rows_or_auto
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import StepStats
@@ -43,8 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--int4-group-size", type=int, default=32)
     p.add_argument("--lm-head-dtype", default="auto", help="as the backend's flag")
     p.add_argument("--prefill-dense-weights", default="auto", help="as the backend's flag")
-    p.add_argument("--gpu-copy-min-rows", default=None,
-                   type=lambda v: v if v == "auto" else int(v),
+    p.add_argument("--gpu-copy-min-rows", default=None, type=rows_or_auto,
                    help="as the backend's flag: a row count or auto (default: 65)")
     p.add_argument("--cpu-int4-activations", default="int8x2", help="as the backend's flag")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])

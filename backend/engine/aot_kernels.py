@@ -92,9 +92,7 @@ def int4_op_ready(mode: str, activations: str) -> bool:
     Checked before the weights are loaded, so ``--weights-dtype auto`` keeps a file's int4
     codes only where they will not fall to torch's int4 kernel, which without AVX-512 runs
     unvectorised."""
-    if activations == "model" or mode == "off" or cpu_w4a8.why_not_here() is not None:
-        return False
-    return mode == "build" or (kernels_dir() / cpu_w4a8.library_name()).is_file()
+    return activations != "model" and _library_ready(cpu_w4a8, mode)
 
 
 def int8_rows_ready(mode: str, dtype: torch.dtype) -> bool:
@@ -103,9 +101,15 @@ def int8_rows_ready(mode: str, dtype: torch.dtype) -> bool:
     build (``make model`` builds it). Checked before the weights are loaded, so
     ``--lm-head-dtype auto`` keeps a file's Q8_0 head as int8 codes only where they will
     not fall to torch's int8 kernel, which without AVX-512 runs unvectorised."""
-    if mode == "off" or dtype != torch.float32 or cpu_int8_rows.why_not_here() is not None:
+    return dtype == torch.float32 and _library_ready(cpu_int8_rows, mode)
+
+
+def _library_ready(module: ModuleType, mode: str) -> bool:
+    """Whether one of our C++ libraries (``module``) would be there at start: not ``off``, a
+    build for this CPU, and the library in the kernels directory or ``mode`` build."""
+    if mode == "off" or module.why_not_here() is not None:
         return False
-    return mode == "build" or (kernels_dir() / cpu_int8_rows.library_name()).is_file()
+    return mode == "build" or (kernels_dir() / module.library_name()).is_file()
 
 
 def _int4_layers(model: LlamaModel) -> list[Int4Linear]:

@@ -5,8 +5,8 @@ Without AVX-512 torch's int8 kernel (``_weight_int8pack_mm``) runs unvectorised:
 49,152 x 576 head took 20.7 ms at one row on a 2-core AVX2 VM, so ``--lm-head-dtype auto``
 put a GGUF's Q8_0 head in fp16 through fbgemm there (2.5 ms cold, twice the int8 bytes).
 This kernel reads the int8 codes in place, widens them in registers and sums in float32
-(torch's arithmetic, another order of additions): 1.7 ms at one row on that VM, and from 2
-to 64 rows level with fbgemm's fp16 GEMM or ahead (docs/BENCHMARKS.md). It serves every row
+(torch's arithmetic, another order of additions): 2.09 against fbgemm fp16's 2.87 ms at one
+row on that VM, ahead up to 16 rows and level at 64 (docs/BENCHMARKS.md). It serves every row
 count, so the head keeps no dense copy beside it.
 
 C with AVX2 intrinsics behind a plain C function, compiled with the system's C++ compiler

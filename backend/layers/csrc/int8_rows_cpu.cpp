@@ -27,6 +27,13 @@ inline __m256 sum8(const __m256* x) {
   return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
+// the sum of x's 8 lanes, added in sum8's order
+inline float sum1(__m256 x) {
+  const __m256 pairs = _mm256_hadd_ps(x, x);
+  const __m256 quads = _mm256_hadd_ps(pairs, pairs);
+  return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(quads), _mm256_extractf128_ps(quads, 1)));
+}
+
 inline __m256 codes8(const int8_t* p) {  // 8 int8 codes -> 8 floats (exact)
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
@@ -65,10 +72,7 @@ void single(const float* x, int64_t K, const int8_t* q, const float* scale, int6
     __m256 acc = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 8)
       acc = _mm256_fmadd_ps(codes8(q + n * K + k), _mm256_loadu_ps(x + r * K + k), acc);
-    __m256 all[8] = {acc, acc, acc, acc, acc, acc, acc, acc};
-    alignas(32) float sums[8];
-    _mm256_store_ps(sums, sum8(all));
-    out[r * N + n] = sums[0] * scale[n];
+    out[r * N + n] = sum1(acc) * scale[n];
   }
 }
 
