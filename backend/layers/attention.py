@@ -18,8 +18,10 @@ Backends:
   explicit float32 matmul + softmax. GQA without copying K/V per query head: the ``group``
   query heads that share a KV head are folded into the query-length axis.
   On the CPU, where the paged decode kernel is loaded (``cpu_paged_decode``, CPUs with
-  AVX-512F, caches in the model dtype or int8), the sdpa backend's decode rows skip the
-  gather: the kernel reads their K/V in place through the block tables.
+  AVX-512F or AVX2, caches in the model dtype or int8), each layer of the sdpa backend is
+  one call of it (``PagedDecode.step``, set up once a step in ``prepare``): it stores the
+  step's K/V and attends the decode rows, reading their K/V in place through the block
+  tables; prefill chunks keep the gather.
 """
 from __future__ import annotations
 
@@ -181,8 +183,11 @@ class Attention:
         bs, dev = self.kv_cache.block_size, meta.block_tables.device
         dtype = self.kv_cache.model_dtype
         d = meta.num_decode
-        if d and self.cpu_decode is not None:
-            meta.extra["decode"] = None  # read in place by the kernel
+        if self.cpu_decode is not None:  # the store and the decode rows: one call a layer
+            cache = self.kv_cache
+            meta.extra["cpu_step"] = self.cpu_decode.step(
+                cache.data, cache.scales, bs, meta.slot_mapping, meta.block_tables,
+                meta.context_lens, d, self.num_heads, self.scale, dtype)
         elif d:
             C = meta.max_decode_context or meta.block_tables.shape[1] * bs
             idx = block_slots(meta.block_tables[:d], bs, C)  # [D, C]
@@ -229,19 +234,19 @@ class Attention:
             return self._forward_triton(layer, q, k, v, meta, rope, dependent_launch)
         if rope is not None:
             raise ValueError(f"attention {self.backend!r} takes q and k with RoPE applied")
-        cache = self.kv_cache
-        if self.cpu_decode is not None and cache.scales is not None:  # int8, torch layout
-            self.cpu_decode.store_int8(meta.slot_mapping, k, v, cache.data[layer],
-                                       cache.scales[layer])
+        T, d = q.shape[0], meta.num_decode
+        step = meta.extra.get("cpu_step")
+        if step is not None:  # the CPU kernel stores K/V and attends the decode rows
+            out = torch.empty(T, self.num_heads, self.head_dim, dtype=q.dtype)
+            step(layer, q, k, v, out if d == T else out[:d] if d else None)
         else:
-            cache.write(layer, meta.slot_mapping, k, v)
-        T = q.shape[0]
-        if not meta.prefill_spans:  # pure decode step: no output buffer, no copies
-            return self._decode(layer, q, meta).view(T, self.num_heads * self.head_dim)
-        out = torch.empty(T, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
-        d = meta.num_decode
-        if d:
-            out[:d] = self._decode(layer, q[:d], meta)
+            self.kv_cache.write(layer, meta.slot_mapping, k, v)
+            if not meta.prefill_spans:  # pure decode step: no output buffer, no copies
+                return self._decode(layer, q, meta).view(T, self.num_heads * self.head_dim)
+            out = torch.empty(T, self.num_heads, self.head_dim, dtype=q.dtype,
+                              device=q.device)
+            if d:
+                out[:d] = self._decode(layer, q[:d], meta)
         for q_start, q_len, idx, pieces in meta.extra["prefill"]:
             rows = slice(q_start, q_start + q_len)
             out[rows] = self._prefill(layer, q[rows], idx, pieces)
@@ -283,12 +288,6 @@ class Attention:
 
     def _decode(self, layer: int, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         D = q.shape[0]
-        if meta.extra["decode"] is None:
-            cache = self.kv_cache
-            return self.cpu_decode(q.view(D, self.num_heads, self.head_dim), cache.data[layer],
-                                   meta.block_tables[:D], meta.context_lens[:D],
-                                   cache.block_size, self.scale,
-                                   None if cache.scales is None else cache.scales[layer])
         idx, mask, attend = meta.extra["decode"]  # attend: the dtype K/V are read in
         kv = self.kv_cache.gather(layer, idx, attend)  # [D, C, 2, kvh, hd]
         k = kv[:, :, 0].transpose(1, 2)  # [D, kvh, C, hd]

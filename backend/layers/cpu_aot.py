@@ -19,6 +19,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -100,8 +101,41 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
 
 
+# Loads a package in a process of its own, after the op libraries this process loaded (a
+# package calls their ops): the exit status says whether it loads here
+_LOAD_PROBE = ("import sys, torch\n"
+               "for lib in sys.argv[2:]: torch.ops.load_library(lib)\n"
+               "torch._C._aoti.AOTIModelPackageLoader(sys.argv[1], 'model', False, 1, -1)")
+
+
+def check_loads_here(path: Path) -> None:
+    """Raises RuntimeError unless the package at ``path`` loads in a fresh process on this
+    host. Checked once per package (a ``.loads`` file beside it records the pass): on one
+    host (torch 2.11, g++ 13.3) every package built there, a trivial one too, crashed the
+    process in the loader's constructor (SIGSEGV), which no exception can catch."""
+    mark = path.with_name(path.name + ".loads")
+    if mark.is_file():
+        return
+    try:
+        proc = subprocess.run([sys.executable, "-c", _LOAD_PROBE, str(path),
+                               *sorted(torch.ops.loaded_libraries)],
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{path.name}: loading it in a fresh process took over "
+                           f"{exc.timeout:.0f} s") from None
+    if proc.returncode < 0:
+        raise RuntimeError(f"{path.name} crashes the process that loads it on this host "
+                           f"(signal {-proc.returncode} in a fresh process)")
+    if proc.returncode:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"{path.name} does not load on this host: {tail[0][:300]}")
+    mark.touch()
+
+
 def load_runner(path: Path) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
-    """A package's ``run``: a list of input tensors -> the list of its outputs."""
+    """A package's ``run``: a list of input tensors -> the list of its outputs. Raises
+    RuntimeError for a package that does not load here (``check_loads_here``)."""
+    check_loads_here(path)
     # The package loader itself: torch._inductor.aoti_load_package wraps the same loader
     # but importing torch._inductor adds ~1.1 s to the backend's start (2-core VM).
     loader_cls = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)

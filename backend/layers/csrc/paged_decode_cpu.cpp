@@ -328,9 +328,9 @@ void span(const Tq* q, const Tc* cache, const float* sc, int kvh, int g, const i
 }
 
 template <typename Tq, typename Tc, int HD>
-void run(const Tq* q, Tq* out, const Tc* cache, const float* sc, const int32_t* tables, int W,
-         const int32_t* lens, int D, int H, int kvh, int bs, float scale, int min_span,
-         int threads) {
+void run(const Tq* q, int64_t q_row, Tq* out, const Tc* cache, const float* sc,
+         const int32_t* tables, int W, const int32_t* lens, int D, int H, int kvh, int bs,
+         float scale, int min_span, int threads) {
   const int g = H / kvh;
   // (sequence, first, end) spans: each context in pieces of >= min_span positions, about
   // two pieces per thread over the whole batch
@@ -349,18 +349,18 @@ void run(const Tq* q, Tq* out, const Tc* cache, const float* sc, const int32_t* 
   }
   const int S = static_cast<int>(seq.size());
   std::vector<float> part(static_cast<size_t>(S) * H * HD), ml(static_cast<size_t>(S) * 2 * H);
-#pragma omp parallel num_threads(threads)
+  // one span (a short context, batch 1) runs here: no team of threads to wake for it
+#pragma omp parallel num_threads(threads) if (S > 1)
   {
     std::vector<float> scores(static_cast<size_t>(H) * longest + 16);
     std::vector<int64_t> slots(static_cast<size_t>(longest));
 #pragma omp for schedule(static, 1)
     for (int i = 0; i < S; ++i) {
       const int d = seq[i];
-      span<Tq, Tc, HD>(q + static_cast<int64_t>(d) * H * HD, cache, sc, kvh, g,
-                  tables + static_cast<int64_t>(d) * W, bs, lo[i], hi[i], scale, scores.data(),
-                  slots.data(),
-                  part.data() + static_cast<size_t>(i) * H * HD,
-                  ml.data() + static_cast<size_t>(i) * 2 * H);
+      span<Tq, Tc, HD>(q + d * q_row, cache, sc, kvh, g, tables + static_cast<int64_t>(d) * W,
+                       bs, lo[i], hi[i], scale, scores.data(), slots.data(),
+                       part.data() + static_cast<size_t>(i) * H * HD,
+                       ml.data() + static_cast<size_t>(i) * 2 * H);
     }
   }
   // merge each sequence's spans: weights exp(max_s - max), normalised by the merged sum
@@ -389,6 +389,7 @@ void run(const Tq* q, Tq* out, const Tc* cache, const float* sc, const int32_t* 
 }
 
 struct Args {
+  int64_t q_row;  // elements from one decode row's q to the next
   const float* scales;
   const int32_t* tables;
   int W;
@@ -402,8 +403,8 @@ template <typename Tq, int HD>
 void with_cache(int cache_kind, const void* q, void* out, const void* cache, const Args& a) {
   auto go = [&](auto* c) {
     run<Tq, std::remove_const_t<std::remove_pointer_t<decltype(c)>>, HD>(
-        static_cast<const Tq*>(q), static_cast<Tq*>(out), c, a.scales, a.tables, a.W, a.lens,
-        a.D, a.H, a.kvh, a.bs, a.scale, a.min_span, a.threads);
+        static_cast<const Tq*>(q), a.q_row, static_cast<Tq*>(out), c, a.scales, a.tables, a.W,
+        a.lens, a.D, a.H, a.kvh, a.bs, a.scale, a.min_span, a.threads);
   };
   if (cache_kind == 2) go(static_cast<const int8_t*>(cache));
   else if (cache_kind == 1) go(static_cast<const uint16_t*>(cache));
@@ -418,24 +419,11 @@ int dispatch(int bf16, int cache_kind, const void* q, void* out, const void* cac
   return 0;
 }
 
-}  // namespace
-
-extern "C" {
-
-// q, out: [D, H, hd] (bf16: 1 for bfloat16, 0 for float32); cache: one layer, [slots, 2,
-// kvh, hd] of kind cache_kind (0 float32, 1 bfloat16, 2 int8 with scales [slots, 2, kvh]
-// float32, else scales null); tables: [D, W] block ids; lens: [D] context lengths (this
-// step's token included, all >= 1); slots: the cache's slot count. Returns 0, -1 for what
-// this build does not serve, -2 for a context or block table that reaches outside the
-// cache (nothing written either way).
-int ft_paged_decode(int bf16, int cache_kind, const void* q, void* out, const void* cache,
-                    int64_t slots, const float* scales, const int32_t* tables, int W,
-                    const int32_t* lens, int D, int H, int kvh, int hd, int bs, float scale,
-                    int min_span, int threads) {
-  if (kvh <= 0 || H % kvh != 0 || H / kvh > kMaxGroup || bs < 1) return -1;
-  if (cache_kind < 0 || cache_kind > 2 || (cache_kind == 2) != (scales != nullptr)) return -1;
-  // every position read lies in the cache: a context within its table, the table's blocks
-  // within the cache (a bad table is refused here, never read out of bounds)
+// Whether every position D rows of (tables, lens) read lies in a cache of `slots` slots: a
+// context within its table, the table's blocks within the cache (a bad table is refused, never
+// read out of bounds). 0 or -2.
+int check_tables(const int32_t* tables, int W, const int32_t* lens, int D, int bs,
+                 int64_t slots) {
   const int64_t blocks = slots / bs;
   for (int d = 0; d < D; ++d) {
     if (lens[d] < 1 || lens[d] > static_cast<int64_t>(W) * bs) return -2;
@@ -444,7 +432,11 @@ int ft_paged_decode(int bf16, int cache_kind, const void* q, void* out, const vo
       if (id < 0 || id >= blocks) return -2;
     }
   }
-  const Args a{scales, tables, W, lens, D, H, kvh, bs, scale, min_span, threads};
+  return 0;
+}
+
+int decode(int bf16, int cache_kind, const void* q, void* out, const void* cache,
+           const Args& a, int hd) {
   switch (hd) {
     case 16: return dispatch<16>(bf16, cache_kind, q, out, cache, a);
     case 32: return dispatch<32>(bf16, cache_kind, q, out, cache, a);
@@ -455,18 +447,10 @@ int ft_paged_decode(int bf16, int cache_kind, const void* q, void* out, const vo
   }
 }
 
-// Quantises a step's K and V into an int8 cache in the torch path's layout, the same bits as
-// kv_cache.quantise: scale = max(amax / 127, 1e-12) per (token, K/V, head), codes =
-// round-half-even(x / scale) clamped to [-127, 127]. k, v: [T, kvh, hd] with rows
-// k_row / v_row elements apart (heads contiguous within a row), bf16 (1) or float32 (0);
-// slots: [T] int64, each below num_slots (else -2, nothing written); data: one layer's
-// [num_slots, 2, kvh, hd] int8; scales: [num_slots, 2, kvh].
-int ft_store_int8(int bf16, const void* k, const void* v, int64_t k_row, int64_t v_row,
-                  const int64_t* slots, int T, int kvh, int hd, int8_t* data, float* scales,
-                  int64_t num_slots) {
-  if (hd % 16 != 0 || hd > 256) return -1;
-  for (int t = 0; t < T; ++t)  // nothing is written outside the cache
-    if (slots[t] < 0 || slots[t] >= num_slots) return -2;
+// A step's K and V into an int8 cache (the bits of kv_cache.quantise, see ft_store_int8);
+// the slots checked by the caller.
+void store_int8(int bf16, const void* k, const void* v, int64_t k_row, int64_t v_row,
+                const int64_t* slots, int T, int kvh, int hd, int8_t* data, float* scales) {
   const int V = hd / 16;
   for (int t = 0; t < T; ++t) {
     const int64_t slot = slots[t];
@@ -496,7 +480,111 @@ int ft_store_int8(int bf16, const void* k, const void* v, int64_t k_row, int64_t
       }
     }
   }
+}
+
+// A step's K and V rows copied as they are into a cache of their dtype (elem bytes each)
+void store_rows(int elem, const void* k, const void* v, int64_t k_row, int64_t v_row,
+                const int64_t* slots, int T, int kvh, int hd, char* data) {
+  const int64_t row = static_cast<int64_t>(kvh) * hd * elem;
+  for (int t = 0; t < T; ++t) {
+    char* dst = data + slots[t] * 2 * row;
+    std::memcpy(dst, static_cast<const char*>(k) + t * k_row * elem, row);
+    std::memcpy(dst + row, static_cast<const char*>(v) + t * v_row * elem, row);
+  }
+}
+
+int bad_slot(const int64_t* slots, int T, int64_t num_slots) {
+  for (int t = 0; t < T; ++t)
+    if (slots[t] < 0 || slots[t] >= num_slots) return 1;
   return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// q, out: [D, H, hd] (bf16: 1 for bfloat16, 0 for float32); cache: one layer, [slots, 2,
+// kvh, hd] of kind cache_kind (0 float32, 1 bfloat16, 2 int8 with scales [slots, 2, kvh]
+// float32, else scales null); tables: [D, W] block ids; lens: [D] context lengths (this
+// step's token included, all >= 1); slots: the cache's slot count. Returns 0, -1 for what
+// this build does not serve, -2 for a context or block table that reaches outside the
+// cache (nothing written either way).
+int ft_paged_decode(int bf16, int cache_kind, const void* q, void* out, const void* cache,
+                    int64_t slots, const float* scales, const int32_t* tables, int W,
+                    const int32_t* lens, int D, int H, int kvh, int hd, int bs, float scale,
+                    int min_span, int threads) {
+  if (kvh <= 0 || H % kvh != 0 || H / kvh > kMaxGroup || bs < 1) return -1;
+  if (cache_kind < 0 || cache_kind > 2 || (cache_kind == 2) != (scales != nullptr)) return -1;
+  if (check_tables(tables, W, lens, D, bs, slots)) return -2;
+  const Args a{static_cast<int64_t>(H) * hd, scales, tables, W, lens, D, H, kvh, bs, scale,
+               min_span, threads};
+  return decode(bf16, cache_kind, q, out, cache, a, hd);
+}
+
+// Quantises a step's K and V into an int8 cache in the torch path's layout, the same bits as
+// kv_cache.quantise: scale = max(amax / 127, 1e-12) per (token, K/V, head), codes =
+// round-half-even(x / scale) clamped to [-127, 127]. k, v: [T, kvh, hd] with rows
+// k_row / v_row elements apart (heads contiguous within a row), bf16 (1) or float32 (0);
+// slots: [T] int64, each below num_slots (else -2, nothing written); data: one layer's
+// [num_slots, 2, kvh, hd] int8; scales: [num_slots, 2, kvh].
+int ft_store_int8(int bf16, const void* k, const void* v, int64_t k_row, int64_t v_row,
+                  const int64_t* slots, int T, int kvh, int hd, int8_t* data, float* scales,
+                  int64_t num_slots) {
+  if (hd % 16 != 0 || hd > 256) return -1;
+  if (bad_slot(slots, T, num_slots)) return -2;  // nothing is written outside the cache
+  store_int8(bf16, k, v, k_row, v_row, slots, T, kvh, hd, data, scales);
+  return 0;
+}
+
+// One step's attention over the cache of every layer, fixed for the step: checked once
+// (ft_step_check), then each layer is one call (ft_step_layer). The cache holds
+// [layers, num_slots, 2, kvh, hd] of kind cache_kind (as ft_paged_decode's), scales
+// [layers, num_slots, 2, kvh] for int8; the step's T tokens go to slots [T]; its first D
+// rows are decodes with (tables, lens) as ft_paged_decode's.
+struct FtStep {
+  int bf16, cache_kind;
+  char* cache;
+  float* scales;
+  int64_t num_slots;
+  const int64_t* slots;
+  int T;
+  const int32_t* tables;
+  int W;
+  const int32_t* lens;
+  int D, H, kvh, hd, bs;
+  float scale;
+  int min_span, threads;
+};
+
+// 0; -1 for shapes this build does not serve; -2 for a slot, a context or a block that
+// reaches outside the cache.
+int ft_step_check(const FtStep* s) {
+  if (s->kvh <= 0 || s->H % s->kvh != 0 || s->H / s->kvh > kMaxGroup || s->bs < 1) return -1;
+  if (s->hd % 16 != 0 || s->hd > 256 || s->cache_kind < 0 || s->cache_kind > 2) return -1;
+  if ((s->cache_kind == 2) != (s->scales != nullptr)) return -1;
+  if (s->bf16 != (s->cache_kind == 1) && s->cache_kind != 2) return -1;  // K/V as the cache's
+  if (bad_slot(s->slots, s->T, s->num_slots)) return -2;
+  return check_tables(s->tables, s->W, s->lens, s->D, s->bs, s->num_slots);
+}
+
+// Layer `layer` of a checked step: stores its K and V ([T, kvh, hd], rows kv_row elements
+// apart, heads contiguous, in the model dtype), then attends its D decode rows (q [D, H, hd]
+// rows q_row apart) into out [D, H, hd] contiguous. Returns what ft_paged_decode returns.
+int ft_step_layer(const FtStep* s, int layer, const void* q, int64_t q_row, const void* k,
+                  const void* v, int64_t kv_row, void* out) {
+  const int elem = s->cache_kind == 2 ? 1 : (s->cache_kind == 1 ? 2 : 4);
+  const int64_t per_slot = 2LL * s->kvh * s->hd;
+  char* cache = s->cache + layer * s->num_slots * per_slot * elem;
+  float* scales = s->scales ? s->scales + layer * s->num_slots * 2 * s->kvh : nullptr;
+  if (s->cache_kind == 2)
+    store_int8(s->bf16, k, v, kv_row, kv_row, s->slots, s->T, s->kvh, s->hd,
+               reinterpret_cast<int8_t*>(cache), scales);
+  else
+    store_rows(elem, k, v, kv_row, kv_row, s->slots, s->T, s->kvh, s->hd, cache);
+  if (s->D == 0) return 0;
+  const Args a{q_row, scales, s->tables, s->W, s->lens, s->D, s->H, s->kvh, s->bs, s->scale,
+               s->min_span, s->threads};
+  return decode(s->bf16, s->cache_kind, q, out, cache, a, s->hd);
 }
 
 }  // extern "C"

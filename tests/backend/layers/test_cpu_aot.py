@@ -42,6 +42,30 @@ def test_build_again_is_a_no_op_and_load_finds_only_what_was_built(built, tmp_pa
         cpu_aot.build(tmp_path, N, K, torch.int8)
 
 
+def test_a_package_is_loaded_once_in_a_fresh_process_before_this_one(built, tmp_path,
+                                                                     monkeypatch):
+    """A package loads here only after a fresh process loaded it (a ``.loads`` file records
+    the pass): one whose loader crashes that process, or fails, is refused with the reason,
+    and this process goes on."""
+    directory, path, _ = built
+    cpu_aot.load(directory, N, K, torch.bfloat16)
+    assert path.with_name(path.name + ".loads").is_file()
+    copy = tmp_path / path.name
+    copy.write_bytes(path.read_bytes())
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    monkeypatch.setattr(cpu_aot, "_LOAD_PROBE", crash)
+    with pytest.raises(RuntimeError, match="crashes the process that loads it on this host "
+                                           r"\(signal 11"):
+        cpu_aot.load(tmp_path, N, K, torch.bfloat16)
+    monkeypatch.setattr(cpu_aot, "_LOAD_PROBE", "raise SystemExit('no loader here')")
+    with pytest.raises(RuntimeError, match="does not load on this host: no loader here"):
+        cpu_aot.load(tmp_path, N, K, torch.bfloat16)
+    assert not copy.with_name(copy.name + ".loads").exists()
+    # the recorded pass: not probed again (the probe would crash)
+    monkeypatch.setattr(cpu_aot, "_LOAD_PROBE", crash)
+    assert cpu_aot.load(directory, N, K, torch.bfloat16) is not None
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_matches_torchs_int8_kernel_and_the_dequantised_reference(built, seed):
     directory, _, _ = built

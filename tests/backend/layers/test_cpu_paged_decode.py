@@ -11,7 +11,7 @@ import torch
 from backend.layers import cpu_paged_decode
 from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.kv_cache import KVCache
-from tests.backend.layers.test_cpu_aot import Counting, built_library
+from tests.backend.layers.test_cpu_aot import built_library
 
 pytestmark = pytest.mark.skipif(cpu_paged_decode.why_not_here() is not None,
                                 reason=str(cpu_paged_decode.why_not_here()))
@@ -166,23 +166,82 @@ def test_shapes_it_does_not_serve_are_refused(kernel):
         kernel(q, codes, meta.block_tables, meta.context_lens, 16, 0.1)
 
 
-def test_the_attention_layer_takes_it_for_decode_rows_only(kernel):
-    """With the kernel attached a pure decode step and a mixed step's decode rows go
-    through it (no gather indices built); prefill chunks keep the torch path; int8 caches
-    and the math backend never take it."""
-    attn, q, meta = case([7, 50], 4, 2, 64, torch.bfloat16)
-    assert attn.cpu_decode_serves()
-    attn.prepare(meta)
-    want = attn._decode(0, q, meta)
-    attn.cpu_decode = calls = Counting(kernel)
-    meta.extra.clear()
-    attn.prepare(meta)
-    assert meta.extra["decode"] is None
-    k = torch.zeros(2, 2, 64, dtype=torch.bfloat16)
-    meta.slot_mapping = torch.full((2,), attn.kv_cache.scratch_slot)  # no row reads it
-    out = attn.forward(0, q, k, k, meta)  # writes this step's K/V, then attends
-    assert calls.calls == 1 and out.shape == (2, 4 * 64)
-    assert rel(out.view(2, 4, 64), want) < 1e-2
+class CountingSteps:
+    """The kernel with its steps' layer calls counted (``PagedDecode.step`` -> ``Step``)."""
+
+    def __init__(self, kernel: cpu_paged_decode.PagedDecode) -> None:
+        self.kernel, self.steps, self.calls = kernel, 0, 0
+
+    def step(self, *args, **kwargs):
+        self.steps += 1
+        real = self.kernel.step(*args, **kwargs)
+
+        def layer(*a):
+            self.calls += 1
+            return real(*a)
+        return layer
+
+
+def mixed_step(attn: Attention, meta: AttentionMetadata, prompt: int, seed: int):
+    """``meta``'s decode rows (each writing its next position) plus one prefill chunk of
+    ``prompt`` tokens in fresh blocks; (q, k, v) as strided views of one q|k|v output."""
+    gen = torch.Generator().manual_seed(seed)
+    cache, bs = attn.kv_cache, attn.kv_cache.block_size
+    d, W = meta.num_decode, meta.block_tables.shape[1]
+    used = set(meta.block_tables.flatten().tolist())
+    free = [b for b in range(cache.num_blocks) if b not in used][:-(-prompt // bs)]
+    table = torch.tensor(free + [0] * (W - len(free)), dtype=torch.int32)[None]
+    lens = meta.context_lens
+    slots = [int(meta.block_tables[r, (n - 1) // bs]) * bs + (n - 1) % bs
+             for r, n in enumerate(lens.tolist())]
+    slots += [free[p // bs] * bs + p % bs for p in range(prompt)]
+    T, H, kvh, hd = d + prompt, attn.num_heads, attn.num_kv_heads, attn.head_dim
+    wide = torch.randn(T, H + 2 * kvh, hd, generator=gen).to(cache.model_dtype)
+    chunk = [(table, prompt)] if prompt else []
+    step = AttentionMetadata(torch.tensor(slots),
+                             torch.cat([meta.block_tables] + [t for t, _ in chunk]),
+                             torch.cat([lens] + [torch.tensor([n], dtype=torch.int32)
+                                                 for _, n in chunk]),
+                             torch.tensor(list(range(d + 1)) + [T] * len(chunk),
+                                          dtype=torch.int32),
+                             num_decode=d, prefill_spans=[(d, n, n) for _, n in chunk],
+                             max_decode_context=int(lens.max()) if d else None,
+                             min_decode_context=int(lens.min()) if d else None)
+    return step, wide[:, :H], wide[:, H:H + kvh], wide[:, H + kvh:]
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_attention_layer_stores_and_attends_through_it(kernel, dtype, kv_dtype):
+    """With the kernel attached every layer of a step is one call: it stores the step's K/V
+    (the bits ``KVCache.write`` gives) and attends the decode rows; prefill chunks keep the
+    torch path and read what it stored. Pure decode, mixed and prefill-only steps, q|k|v as
+    strided views, against the torch path on a twin cache."""
+    attn, _, meta = case([7, 50, 33], 4, 2, 64, dtype, kv_dtype=kv_dtype)
+    twin, _, _ = case([7, 50, 33], 4, 2, 64, dtype, kv_dtype=kv_dtype)
+    attn.cpu_decode = calls = CountingSteps(kernel)
+    tol = 2e-5 if dtype == torch.float32 else 1e-2
+    for n, prompt in enumerate((0, 21, 40)):
+        step, q, k, v = mixed_step(attn, meta, prompt, seed=n)
+        if n == 2:  # prefill only
+            step, q, k, v = mixed_step(attn, AttentionMetadata(
+                meta.slot_mapping[:0], meta.block_tables[:0], meta.context_lens[:0],
+                meta.query_start_loc[:1], num_decode=0), prompt, seed=n)
+        attn.prepare(step)
+        assert "decode" not in step.extra  # no gather indices for the decode rows
+        got = attn.forward(0, q, k, v, step)
+        twin_step = AttentionMetadata(step.slot_mapping, step.block_tables, step.context_lens,
+                                      step.query_start_loc, step.num_decode,
+                                      step.prefill_spans, step.max_decode_context,
+                                      step.min_decode_context)
+        want = twin.forward(0, q, k, v, twin.prepare(twin_step))
+        assert torch.equal(attn.kv_cache.data, twin.kv_cache.data)
+        if kv_dtype == "int8":
+            assert torch.equal(attn.kv_cache.scales, twin.kv_cache.scales)
+        assert got.shape == want.shape == (q.shape[0], 4 * 64) and got.dtype == dtype
+        assert rel(got, want) < tol, n
+        assert calls.steps == calls.calls == n + 1  # one call for the layer
+    # the math backend never takes it; fp8 and the kernels' int8 layout are not served
     def cache(kv_dtype, kernel_layout=False):
         return KVCache(1, 8, 16, 2, 64, torch.bfloat16, kv_dtype, torch.device("cpu"),
                        kernel_layout=kernel_layout)
@@ -190,6 +249,41 @@ def test_the_attention_layer_takes_it_for_decode_rows_only(kernel):
     assert not Attention(4, 2, 64, "sdpa", cache("int8", True)).cpu_decode_serves()
     assert not Attention(4, 2, 64, "sdpa", cache("fp8_e4m3")).cpu_decode_serves()
     assert not Attention(4, 2, 64, "math", attn.kv_cache).cpu_decode_serves()
+
+
+def test_a_step_outside_the_cache_is_refused_before_any_layer(kernel):
+    """A slot, context or block outside the cache is refused when the step is set up, and
+    nothing is written; a layer's tensors of other shapes or dtypes are refused too."""
+    attn, q, meta = case([7, 50], 4, 2, 64, torch.float32)
+    attn.cpu_decode = kernel
+    data = attn.kv_cache.data
+    before = data.clone()
+    slots = data.shape[1]
+    bad_tables = meta.block_tables.clone()
+    bad_tables[1, 0] = slots // 16
+    for bad in (AttentionMetadata(torch.tensor([0, slots]), meta.block_tables,
+                                  meta.context_lens, meta.query_start_loc, num_decode=2),
+                AttentionMetadata(torch.tensor([0, -1]), meta.block_tables,
+                                  meta.context_lens, meta.query_start_loc, num_decode=2),
+                AttentionMetadata(meta.slot_mapping, bad_tables, meta.context_lens,
+                                  meta.query_start_loc, num_decode=2),
+                AttentionMetadata(meta.slot_mapping, meta.block_tables,
+                                  torch.tensor([7, 0], dtype=torch.int32),
+                                  meta.query_start_loc, num_decode=2)):
+        with pytest.raises(ValueError, match="outside the cache"):
+            attn.prepare(bad)
+    assert torch.equal(data, before)
+    attn.prepare(meta)
+    step = meta.extra["cpu_step"]
+    k = torch.zeros(2, 2, 64)
+    out = torch.empty(2, 4, 64)
+    with pytest.raises(ValueError, match="model dtype"):
+        step(0, q, k.double(), k.double(), out)
+    with pytest.raises(ValueError, match="model dtype"):
+        step(0, q, k[:1], k[:1], out)  # fewer tokens than the step's
+    with pytest.raises(ValueError, match="model dtype"):
+        step(0, q, k, k, out[:1])
+    assert torch.equal(data, before)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
