@@ -183,12 +183,8 @@ class PagedDecode:
                       tables.data_ptr(), tables.shape[1], lens.data_ptr(), D, H,
                       cache.shape[-2], hd, block_size, scale, MIN_SPAN,
                       torch.get_num_threads())
-        if rc == -2:
-            raise ValueError("paged decode: a context length < 1 or past its block table, or "
-                             "a block outside the cache")
-        if rc:
-            raise ValueError(f"paged decode does not serve {H} heads of {hd} over "
-                             f"{cache.shape[-2]} KV heads")
+        _refuse(rc, "paged decode: a context length < 1 or past its block table, or a block "
+                "outside the cache", H, hd, cache.shape[-2])
         return out
 
     def step(self, data: torch.Tensor, scales: torch.Tensor | None, block_size: int,
@@ -218,12 +214,8 @@ class PagedDecode:
                          lens.data_ptr(), d, num_heads, kvh, hd, block_size, scale, MIN_SPAN,
                          torch.get_num_threads())
         rc = self._step_check(ctypes.addressof(args))
-        if rc == -2:
-            raise ValueError("paged decode step: a slot, a context length or a block outside "
-                             "the cache")
-        if rc:
-            raise ValueError(f"paged decode does not serve {num_heads} heads of {hd} over "
-                             f"{kvh} KV heads")
+        _refuse(rc, "paged decode step: a slot, a context length or a block outside the "
+                "cache", num_heads, hd, kvh)
         return Step(self._step_layer, args, (data, scales, slots, tables, lens), dtype)
 
     def store_int8(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -245,6 +237,16 @@ class PagedDecode:
             raise ValueError("store_int8: a slot outside the cache")
         if rc:
             raise ValueError(f"store_int8 does not serve heads of {hd}")
+
+
+def _refuse(rc: int, outside: str, heads: int, head_dim: int, kv_heads: int) -> None:
+    """The library's return code as a ValueError: -2 ``outside`` (nothing read or written
+    there), any other nonzero a shape the build does not serve."""
+    if rc == -2:
+        raise ValueError(outside)
+    if rc:
+        raise ValueError(f"paged decode does not serve {heads} heads of {head_dim} over "
+                         f"{kv_heads} KV heads")
 
 
 def load(directory: Path) -> PagedDecode | None:
