@@ -198,33 +198,41 @@ def attach_decode_attention(model: LlamaModel, attn: Attention, mode: str) -> di
 def _checked_decode(kernel: cpu_paged_decode.PagedDecode, attn: Attention
                     ) -> cpu_paged_decode.PagedDecode:
     """The kernel against the torch path (gather + SDPA) on a small made-up cache of the
-    model's shapes: three rows of 1, 70 and 200 positions over scattered blocks."""
+    model's shapes, through the attention layer as a step runs it (the step's K/V stored,
+    then its decode rows attended): three rows of 1, 70 and 200 positions over scattered
+    blocks, on twin caches that must hold the same bits afterwards."""
     cache = attn.kv_cache
     gen = torch.Generator().manual_seed(0)
     bs, kvh, hd = cache.block_size, attn.num_kv_heads, attn.head_dim
     lens = torch.tensor([1, 70, 200], dtype=torch.int32)
     width = -(-200 // bs)
-    small = KVCache(1, 3 * width, bs, kvh, hd, cache.model_dtype, cache.kv_cache_dtype,
-                    torch.device("cpu"), kernel_layout=False)
+    twins = [KVCache(1, 3 * width, bs, kvh, hd, cache.model_dtype, cache.kv_cache_dtype,
+                     torch.device("cpu"), kernel_layout=False) for _ in range(2)]
     slots = torch.arange(3 * width * bs)
     k, v = torch.randn(2, len(slots), kvh, hd, generator=gen).to(cache.model_dtype)
-    small.write(0, slots, k, v)
+    for twin in twins:
+        twin.write(0, slots, k, v)
     tables = torch.randperm(3 * width, generator=gen).view(3, width).to(torch.int32)
+    # each row's last position is this step's token, written by the step itself
+    last = (tables[torch.arange(3), (lens.long() - 1) // bs].long() * bs
+            + (lens.long() - 1) % bs)
     q = torch.randn(3, attn.num_heads, hd, generator=gen).to(cache.model_dtype)
-    # the torch path through the layer itself; this step's K/V go to the scratch slot,
-    # which no row reads
-    ref = Attention(attn.num_heads, kvh, hd, "sdpa", small)
-    meta = AttentionMetadata(torch.full((3,), small.scratch_slot), tables, lens,
-                             torch.arange(4, dtype=torch.int32), num_decode=3,
-                             max_decode_context=200, min_decode_context=1)
-    step_kv = torch.zeros(3, kvh, hd, dtype=cache.model_dtype)
-    want = ref.forward(0, q, step_kv, step_kv, ref.prepare(meta))
-    got = kernel(q, small.data[0], tables, lens, bs, attn.scale,
-                 None if small.scales is None else small.scales[0]).view(want.shape)
+    step_k, step_v = torch.randn(2, 3, kvh, hd, generator=gen).to(cache.model_dtype)
+    outs = []
+    for twin, lib in zip(twins, (None, kernel)):
+        layer = Attention(attn.num_heads, kvh, hd, "sdpa", twin)
+        layer.cpu_decode = lib
+        meta = AttentionMetadata(last, tables, lens, torch.arange(4, dtype=torch.int32),
+                                 num_decode=3, max_decode_context=200, min_decode_context=1)
+        outs.append(layer.forward(0, q, step_k, step_v, layer.prepare(meta)))
+    want, got = outs
     err = cpu_aot.relative_error(got, want)
-    if got.shape != want.shape or not err <= 2e-2:
-        raise RuntimeError(f"{kernel.path.name} disagrees with the torch path "
-                           f"(relative error {err:.2g})")
+    same = all(torch.equal(a, b) for a, b in zip(*((t.data, t.scales) for t in twins))
+               if a is not None)
+    if got.shape != want.shape or not err <= 2e-2 or not same:
+        raise RuntimeError(f"{kernel.path.name} disagrees with the torch path (relative "
+                           f"error {err:.2g}, the caches' bits {'' if same else 'not '}the "
+                           "same)")
     return kernel
 
 

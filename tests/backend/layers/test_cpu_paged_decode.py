@@ -328,3 +328,32 @@ def test_an_int8_cache_is_written_and_read_through_the_library(kernel):
     assert torch.equal(attn.kv_cache.data, twin.kv_cache.data)
     assert torch.equal(attn.kv_cache.scales, twin.kv_cache.scales)
     assert rel(out.view(2, 4, 64), reference(attn, q, meta)) < 8e-3
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_the_engines_start_check_takes_it_and_refuses_a_wrong_one(kernel, kv_dtype):
+    """``aot_kernels._checked_decode``, run where the engine loads the library: a step
+    through the layer against the torch path on twin caches. The real kernel passes; one
+    whose attention is off (the softmax scale doubled) or whose store writes other values
+    is refused."""
+    from backend.engine import aot_kernels
+    attn = Attention(9, 3, 64, "sdpa", KVCache(2, 8, 16, 3, 64, torch.bfloat16, kv_dtype,
+                                                torch.device("cpu"), kernel_layout=False))
+    assert aot_kernels._checked_decode(kernel, attn) is kernel
+
+    class Wrong:
+        path = kernel.path
+
+        def __init__(self, scale: float, store_scale: float) -> None:
+            self.scale, self.store_scale = scale, store_scale
+
+        def step(self, *args):
+            args = list(args)
+            args[8] *= self.scale  # the softmax scale
+            real = kernel.step(*args)
+            return lambda i, q, k, v, out: real(i, q, k * self.store_scale,
+                                                v * self.store_scale, out)
+
+    for wrong in (Wrong(2.0, 1.0), Wrong(1.0, 0.5)):
+        with pytest.raises(RuntimeError, match="disagrees with the torch path"):
+            aot_kernels._checked_decode(wrong, attn)
