@@ -129,7 +129,10 @@ def check_loads_here(path: Path) -> None:
     if proc.returncode:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"{path.name} does not load on this host: {tail[0][:300]}")
-    mark.touch()
+    try:
+        mark.touch()
+    except OSError:  # a read-only cache: checked again at the next start
+        pass
 
 
 def load_runner(path: Path) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:

@@ -3,6 +3,8 @@ loaded, equal to torch's int8 kernel and to the dequantised reference, used by a
 only for the calls it was built for."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -64,6 +66,14 @@ def test_a_package_is_loaded_once_in_a_fresh_process_before_this_one(built, tmp_
     # the recorded pass: not probed again (the probe would crash)
     monkeypatch.setattr(cpu_aot, "_LOAD_PROBE", crash)
     assert cpu_aot.load(directory, N, K, torch.bfloat16) is not None
+    # a cache it cannot write to: checked, loaded, the pass not recorded
+    monkeypatch.setattr(cpu_aot, "_LOAD_PROBE", "pass")
+
+    def read_only(self, *args, **kwargs):
+        raise PermissionError(f"read-only: {self}")
+    monkeypatch.setattr(Path, "touch", read_only)
+    assert cpu_aot.load(tmp_path, N, K, torch.bfloat16) is not None
+    assert not copy.with_name(copy.name + ".loads").exists()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
