@@ -16,8 +16,8 @@ A step calls it once per layer (``PagedDecode.step`` -> ``Step``): the step's bl
 context lengths and slots are checked once and kept in a C struct, and each layer's call
 stores the step's K and V (copied, or quantised for an int8 cache) and attends its decode
 rows. Through torch (two ``index_copy_`` and their views for the store, the tables sliced
-and checked again for the kernel) the same work took ~40 µs of host time a layer besides
-the kernel's, 1.2 ms of a SmolLM2 batch-1 step.
+and checked again for the kernel) the same work took about 1 ms more of a SmolLM2 batch-1
+step on a 2-core AVX2 VM (4.51 against 3.50 ms of attention at a 550-token context).
 
 It is C++ with AVX-512 (or, in a second build, AVX2) intrinsics behind plain C functions, compiled with the system's C++
 compiler (a few seconds; no torch headers) into a shared library named for its source,
