@@ -9,8 +9,8 @@ reads each position's K and V through the block table where they lie (int8 codes
 registers, their scales applied to the score and to the softmax weight), in fp32 with one
 softmax per span of positions (split over the threads, merged per sequence), and writes the
 rows' output in the model dtype. For an int8 cache the same library also quantises and
-stores each step's K and V in one pass (``store_int8``, the bits of ``kv_cache.quantise``),
-where torch took a stack, six elementwise ops and two copies a layer.
+stores each step's K and V in one pass (the bits of ``kv_cache.quantise``), where torch took
+a stack, six elementwise ops and two copies a layer.
 
 A step calls it once per layer (``PagedDecode.step`` -> ``Step``): the step's block tables,
 context lengths and slots are checked once and kept in a C struct, and each layer's call
@@ -107,19 +107,17 @@ class Step:
         rows = self._rows
         if k.stride() != v.stride() or k.stride()[1:] != rows:
             k, v = k.contiguous(), v.contiguous()
-        if self.num_decode:
-            if q.stride()[1:] != rows:
-                q = q.contiguous()
-            if not (q.shape[0] >= self.num_decode and q.shape[1:] == self._q_row
-                    and out.shape == self._out and out.dtype == self.dtype
-                    and out.is_contiguous()):
-                raise ValueError("paged decode step: q [D, H, hd], k and v [T, kvh, hd] and "
-                                 "out [D, H, hd] in the model dtype")
-        if not (q.dtype == k.dtype == v.dtype == self.dtype and k.shape == v.shape == self._kv):
+        d = self.num_decode
+        if d and q.stride()[1:] != rows:
+            q = q.contiguous()
+        if not (q.dtype == k.dtype == v.dtype == self.dtype and k.shape == v.shape == self._kv
+                and (not d or (q.shape[0] >= d and q.shape[1:] == self._q_row
+                               and out.shape == self._out and out.dtype == self.dtype
+                               and out.is_contiguous()))):
             raise ValueError("paged decode step: q [D, H, hd], k and v [T, kvh, hd] and out "
                              "[D, H, hd] in the model dtype")
         rc = self._fn(self._addr, layer, q.data_ptr(), q.stride(0), k.data_ptr(),
-                      v.data_ptr(), k.stride(0), out.data_ptr() if self.num_decode else None)
+                      v.data_ptr(), k.stride(0), out.data_ptr() if d else None)
         if rc:
             raise ValueError(f"paged decode step: layer {layer} refused ({rc})")
 
@@ -136,11 +134,6 @@ class PagedDecode:
                        ctypes.c_float, i, i]
         fn.restype = i
         self._fn = fn
-        store = lib.ft_store_int8
-        store.argtypes = [i, p, p, ctypes.c_int64, ctypes.c_int64, p, i, i, i, p, p,
-                          ctypes.c_int64]
-        store.restype = i
-        self._store = store
         self._step_check = lib.ft_step_check
         self._step_check.argtypes = [p]
         self._step_check.restype = i
@@ -217,26 +210,6 @@ class PagedDecode:
         _refuse(rc, "paged decode step: a slot, a context length or a block outside the "
                 "cache", num_heads, hd, kvh)
         return Step(self._step_layer, args, (data, scales, slots, tables, lens), dtype)
-
-    def store_int8(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   cache: torch.Tensor, scales: torch.Tensor) -> None:
-        """``KVCache.write`` into an int8 cache in the torch path's layout, the same bits
-        (``kv_cache.quantise``) in one pass: slots [T] long; k, v [T, kvh, hd] in bf16 /
-        float32; cache one layer's [slots, 2, kvh, hd] int8, scales its [slots, 2, kvh]."""
-        T, kvh, hd = k.shape
-        k, v = (x if x.stride(2) == 1 and x.stride(1) == hd else x.contiguous() for x in (k, v))
-        slots = slots.contiguous()
-        if not (k.dtype == v.dtype and k.dtype in DTYPES and slots.dtype == torch.int64
-                and cache.dtype == torch.int8 and cache.is_contiguous()
-                and scales.is_contiguous() and scales.shape == cache.shape[:-1]):
-            raise ValueError("store_int8: bf16 / float32 K and V, int64 slots, an int8 cache")
-        rc = self._store(DTYPES[k.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
-                         slots.data_ptr(), T, kvh, hd, cache.data_ptr(), scales.data_ptr(),
-                         cache.shape[0])
-        if rc == -2:
-            raise ValueError("store_int8: a slot outside the cache")
-        if rc:
-            raise ValueError(f"store_int8 does not serve heads of {hd}")
 
 
 def _refuse(rc: int, outside: str, heads: int, head_dim: int, kv_heads: int) -> None:

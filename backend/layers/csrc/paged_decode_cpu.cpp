@@ -447,8 +447,12 @@ int decode(int bf16, int cache_kind, const void* q, void* out, const void* cache
   }
 }
 
-// A step's K and V into an int8 cache (the bits of kv_cache.quantise, see ft_store_int8);
-// the slots checked by the caller.
+// Quantises a step's K and V into an int8 cache in the torch path's layout, the same bits as
+// kv_cache.quantise: scale = max(amax / 127, 1e-12) per (token, K/V, head), codes =
+// round-half-even(x / scale) clamped to [-127, 127]. k, v: [T, kvh, hd] with rows
+// k_row / v_row elements apart (heads contiguous within a row), bf16 (1) or float32 (0);
+// slots: [T], checked by the caller; data: one layer's [num_slots, 2, kvh, hd] int8;
+// scales: [num_slots, 2, kvh].
 void store_int8(int bf16, const void* k, const void* v, int64_t k_row, int64_t v_row,
                 const int64_t* slots, int T, int kvh, int hd, int8_t* data, float* scales) {
   const int V = hd / 16;
@@ -493,6 +497,13 @@ void store_rows(int elem, const void* k, const void* v, int64_t k_row, int64_t v
   }
 }
 
+// Whether this build serves H query heads over kvh KV heads, blocks of bs and a cache of
+// cache_kind (an int8 one, and only it, with scales)
+bool serves(int H, int kvh, int bs, int cache_kind, const float* scales) {
+  return kvh > 0 && H % kvh == 0 && H / kvh <= kMaxGroup && bs >= 1 && cache_kind >= 0 &&
+         cache_kind <= 2 && (cache_kind == 2) == (scales != nullptr);
+}
+
 int bad_slot(const int64_t* slots, int T, int64_t num_slots) {
   for (int t = 0; t < T; ++t)
     if (slots[t] < 0 || slots[t] >= num_slots) return 1;
@@ -513,27 +524,11 @@ int ft_paged_decode(int bf16, int cache_kind, const void* q, void* out, const vo
                     int64_t slots, const float* scales, const int32_t* tables, int W,
                     const int32_t* lens, int D, int H, int kvh, int hd, int bs, float scale,
                     int min_span, int threads) {
-  if (kvh <= 0 || H % kvh != 0 || H / kvh > kMaxGroup || bs < 1) return -1;
-  if (cache_kind < 0 || cache_kind > 2 || (cache_kind == 2) != (scales != nullptr)) return -1;
+  if (!serves(H, kvh, bs, cache_kind, scales)) return -1;
   if (check_tables(tables, W, lens, D, bs, slots)) return -2;
   const Args a{static_cast<int64_t>(H) * hd, scales, tables, W, lens, D, H, kvh, bs, scale,
                min_span, threads};
   return decode(bf16, cache_kind, q, out, cache, a, hd);
-}
-
-// Quantises a step's K and V into an int8 cache in the torch path's layout, the same bits as
-// kv_cache.quantise: scale = max(amax / 127, 1e-12) per (token, K/V, head), codes =
-// round-half-even(x / scale) clamped to [-127, 127]. k, v: [T, kvh, hd] with rows
-// k_row / v_row elements apart (heads contiguous within a row), bf16 (1) or float32 (0);
-// slots: [T] int64, each below num_slots (else -2, nothing written); data: one layer's
-// [num_slots, 2, kvh, hd] int8; scales: [num_slots, 2, kvh].
-int ft_store_int8(int bf16, const void* k, const void* v, int64_t k_row, int64_t v_row,
-                  const int64_t* slots, int T, int kvh, int hd, int8_t* data, float* scales,
-                  int64_t num_slots) {
-  if (hd % 16 != 0 || hd > 256) return -1;
-  if (bad_slot(slots, T, num_slots)) return -2;  // nothing is written outside the cache
-  store_int8(bf16, k, v, k_row, v_row, slots, T, kvh, hd, data, scales);
-  return 0;
 }
 
 // One step's attention over the cache of every layer, fixed for the step: checked once
@@ -559,9 +554,8 @@ struct FtStep {
 // 0; -1 for shapes this build does not serve; -2 for a slot, a context or a block that
 // reaches outside the cache.
 int ft_step_check(const FtStep* s) {
-  if (s->kvh <= 0 || s->H % s->kvh != 0 || s->H / s->kvh > kMaxGroup || s->bs < 1) return -1;
-  if (s->hd % 16 != 0 || s->hd > 256 || s->cache_kind < 0 || s->cache_kind > 2) return -1;
-  if ((s->cache_kind == 2) != (s->scales != nullptr)) return -1;
+  if (!serves(s->H, s->kvh, s->bs, s->cache_kind, s->scales)) return -1;
+  if (s->hd % 16 != 0 || s->hd > 256) return -1;
   if (s->bf16 != (s->cache_kind == 1) && s->cache_kind != 2) return -1;  // K/V as the cache's
   if (bad_slot(s->slots, s->T, s->num_slots)) return -2;
   return check_tables(s->tables, s->W, s->lens, s->D, s->bs, s->num_slots);

@@ -289,9 +289,10 @@ def test_a_step_outside_the_cache_is_refused_before_any_layer(kernel):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("kv_heads,head_dim", [(3, 64), (2, 16), (1, 256), (4, 128)])
 def test_the_int8_store_writes_the_torch_writes_bits(kernel, dtype, kv_heads, head_dim):
-    """``store_int8`` against ``KVCache.write`` (``kv_cache.quantise``): the same codes and
-    scales, with K and V as strided views of a wider step output, rows of zeros and of one
-    large value, and slots in any order."""
+    """A step's int8 store against ``KVCache.write`` (``kv_cache.quantise``): the same codes
+    and scales, with K and V as strided views of a wider step output, rows of zeros and of
+    one large value, and slots in any order; a slot outside the cache refused before
+    anything is written."""
     gen = torch.Generator().manual_seed(head_dim)
     T = 37
     twins = [KVCache(1, 8, 16, kv_heads, head_dim, dtype, "int8", torch.device("cpu"),
@@ -302,14 +303,19 @@ def test_the_int8_store_writes_the_torch_writes_bits(kernel, dtype, kv_heads, he
     k, v = wide[:, kv_heads:2 * kv_heads], wide[:, 2 * kv_heads:]  # strided views
     slots = torch.randperm(8 * 16, generator=gen)[:T]
     twins[0].write(0, slots, k, v)
-    kernel.store_int8(slots, k, v, twins[1].data[0], twins[1].scales[0])
+    none = torch.zeros(0, dtype=torch.int32)
+
+    def store(slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        step = kernel.step(twins[1].data, twins[1].scales, 16, slots, none.view(0, 1), none,
+                           0, kv_heads, 1.0, dtype)  # no decode rows: the store alone
+        step(0, k, k, v, None)
+    store(slots, k, v)
     assert torch.equal(twins[0].data, twins[1].data)
     assert torch.equal(twins[0].scales, twins[1].scales)
     for bad in (twins[1].data.shape[1], -1):  # outside the cache: refused, nothing written
         before = twins[1].data.clone()
         with pytest.raises(ValueError, match="outside the cache"):
-            kernel.store_int8(torch.tensor([0, bad]), k[:2], v[:2], twins[1].data[0],
-                              twins[1].scales[0])
+            store(torch.tensor([0, bad]), k[:2], v[:2])
         assert torch.equal(twins[1].data, before)
 
 
