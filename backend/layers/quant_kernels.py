@@ -331,12 +331,12 @@ if triton is not None:
             return (a << 16).to(tl.float32, bitcast=True)
         return (a & -65536).to(tl.float32, bitcast=True)
 
-    @fast
     @triton.jit
-    def _int4_gemv_words(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw,
-                         W_SPLIT, G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                         EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr,
-                         PARTIAL: tl.constexpr, PDL: tl.constexpr):
+    def _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j_begin, j_end,
+                          G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                          EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr):
+        """One token through rows ``rn`` of an int4 layer, words [j_begin, j_end) of each
+        row half: the fp32 sums [BLOCK_N] (the word-wise GEMVs' shared arithmetic)."""
         # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
         # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
         # A nibble decodes with one AND (``_subnormal``: n * 2^(P - 149) for its bit
@@ -345,23 +345,18 @@ if triton is not None:
         # its four columns of each half, then acc += T * s * 2^49 + (sum x) * min.
         # Tile [BLOCK_N rows, GROUPS groups, G / 4 words]: x and its sums are shared by
         # the rows a thread holds. hw = K / 8 words per row, an argument so that Triton sees
-        # its divisibility (16-byte loads). Program (i, k) covers words [k W_SPLIT,
-        # (k + 1) W_SPLIT) of each row half (PARTIAL: ``add_splits``).
+        # its divisibility (16-byte loads).
         # BF16 (x and scales in bf16): every load of the loop is 8 or 16 bytes, so the
         # STAGES pipeline (cp.async) takes all of them: a row's four scales and mins as one
         # int64, x as int64 words of four values. 2-byte loads stay outside the pipeline,
         # and their latency was paid every step: 57.0 -> 48.2 us a Llama-2-7B block on an
         # H200 with this and three stages (docs/benchmarks/quant.md).
-        pdl_wait(PDL)
-        pid_k = tl.program_id(1)
         half = K // 2
         hg = half // G
         GW: tl.constexpr = G // 4
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
         acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
-        for j0 in tl.range(pid_k * W_SPLIT, tl.minimum(hw, (pid_k + 1) * W_SPLIT), GROUPS * GW,
-                           num_stages=STAGES):
+        for j0 in tl.range(j_begin, j_end, GROUPS * GW, num_stages=STAGES):
             g = j0 // GW + tl.arange(0, GROUPS)  # [GROUPS]
             wi = g[:, None] * GW + tl.arange(0, GW)[None, :]  # [GROUPS, GW] word index
             ri = rn[:, None] * hg + g[None, :]  # [BN, GROUPS] record index
@@ -432,9 +427,78 @@ if triton is not None:
             acc += t_hi * s_hi[:, :, None]
             # min * (sum of the group's x): once per row and group, the x sums shared
             acc_z += z_lo * tl.sum(xs_lo, axis=1)[None, :] + z_hi * tl.sum(xs_hi, axis=1)[None, :]
+        return tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
+
+    @fast
+    @triton.jit
+    def _int4_gemv_words(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw,
+                         W_SPLIT, G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                         EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr,
+                         PARTIAL: tl.constexpr, PDL: tl.constexpr):
+        # Program (i, k) covers words [k W_SPLIT, (k + 1) W_SPLIT) of each row half of rows
+        # block i (PARTIAL: ``add_splits``); the arithmetic is ``_int4_words_piece``'s.
+        pdl_wait(PDL)
+        pid_k = tl.program_id(1)
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        y = _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, pid_k * W_SPLIT,
+                              tl.minimum(hw, (pid_k + 1) * W_SPLIT), G, BLOCK_N, GROUPS, EVEN,
+                              STAGES, BF16)
         pdl_release(PDL)
-        y = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
         _store_row(y_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, PARTIAL)
+
+    @fast
+    @triton.jit
+    def _int4_gemv_stream(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw, STEPS,
+                          UNITS, G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                          EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr,
+                          PDL: tl.constexpr):
+        # The word-wise GEMV as stream-K: UNITS = row blocks x STEPS (block, step of GROUPS
+        # groups) units in block order, one even range per program of a grid sized to the
+        # GPU. A grid of whole blocks (or K splits of them) leaves multiprocessors idle in
+        # its last wave and gives each program a few steps, most of them spent filling the
+        # pipeline; here every multiprocessor streams the same bytes, each program one run.
+        # A program finishing a whole block stores it; a block cut between programs is
+        # summed by the last of them to arrive, the pieces read back in program order (the
+        # sum does not depend on which arrives last). Partials: two [BLOCK_N] slots per
+        # program (its first block's piece, its last block's), as ``_int4_gemm_stream``.
+        pdl_wait(PDL)
+        SW: tl.constexpr = GROUPS * G // 4  # words of a row a step
+        P = tl.num_programs(0)
+        pid = tl.program_id(0)
+        u0 = pid * UNITS // P
+        u1 = (pid + 1) * UNITS // P
+        first_block = u0 // STEPS
+        offs = tl.arange(0, BLOCK_N)
+        u = u0
+        while u < u1:
+            t = u // STEPS
+            s0 = u - t * STEPS
+            s1 = tl.minimum(STEPS, s0 + u1 - u)
+            rn = t * BLOCK_N + offs
+            y = _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, s0 * SW, s1 * SW, G,
+                                  BLOCK_N, GROUPS, EVEN, STAGES, BF16)
+            if s1 - s0 == STEPS:
+                tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+            else:
+                slot = (t != first_block).to(tl.int32)
+                tl.store(part_ptr + (pid * 2 + slot) * BLOCK_N + offs, y)
+                tl.debug_barrier()  # every thread's partial is stored before the release
+                # the programs holding a piece of block t: the owners of its first and last
+                # unit (program p owns units [p UNITS / P, (p + 1) UNITS / P))
+                p_first = ((t * STEPS + 1) * P - 1) // UNITS
+                p_last = ((t + 1) * STEPS * P - 1) // UNITS
+                arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+                if arrived == p_last - p_first:
+                    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                    for q in range(p_first, p_last + 1):
+                        q_slot = (t != (q * UNITS // P) // STEPS).to(tl.int32)
+                        # .cg: from L2; this multiprocessor's L1 may hold stale lines
+                        total += tl.load(part_ptr + (q * 2 + q_slot) * BLOCK_N + offs,
+                                         cache_modifier=".cg")
+                    tl.store(y_ptr + rn, total.to(y_ptr.dtype.element_ty), mask=rn < N)
+                    tl.store(cnt_ptr + t, 0)  # zero again for the next launch
+            u += s1 - s0
+        pdl_release(PDL)
 
     @triton.jit
     def _store_row(y_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, PARTIAL: tl.constexpr):
@@ -779,6 +843,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
     block_m = max(16, bucket)
     if M == 1 and "BYTES" in cfg:  # GEMV configs carry BYTES, GEMM configs GROUPS
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
+        if cfg.get("STREAM_GEMV") and half % (groups * G) == 0:
+            return _int4_gemv_stream_call(x, packed, scale_min, G, cfg, groups)
         if cfg.get("WORDS"):
             bn, split, per = _gemv_grid(cfg, N, K // 8, groups * G // 4, x.device)
             y, part, cnt = added_in_kernel(x, M, N, split, triton.cdiv(N, bn))
@@ -811,6 +877,27 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
         GROUPS=groups, MAGIC=cfg["MAGIC"], PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0),
         **_launch_opts(cfg, x.device))
     return finish_splits(y, out, split)
+
+
+def _int4_gemv_stream_call(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
+                           G: int, cfg: dict, groups: int) -> torch.Tensor:
+    """One token through ``_int4_gemv_stream``: BLOCK_N-row blocks, steps of ``groups``
+    groups, on ``STREAM_GEMV`` programs per multiprocessor (fewer where there are fewer
+    units)."""
+    K = x.shape[1]
+    N, bn = packed.shape[0], cfg["BLOCK_N"]
+    blocks, steps = triton.cdiv(N, bn), (K // 2) // (groups * G)
+    if blocks > COUNTERS:
+        raise ValueError(f"{blocks} row blocks for the stream GEMV: at most {COUNTERS}")
+    programs = min(blocks * steps, cfg["STREAM_GEMV"] * multiprocessors(x.device, 132))
+    y = torch.empty(1, N, device=x.device, dtype=x.dtype)
+    part = torch.empty(programs * 2 * bn, device=x.device, dtype=torch.float32)
+    _int4_gemv_stream[(programs,)](
+        x, packed.view(torch.int32), scale_min, y, part, counters(x.device), N, K, K // 8,
+        steps, blocks * steps, G=G, BLOCK_N=bn, GROUPS=groups, EVEN=N % bn == 0,
+        STAGES=cfg.get("STAGES", 1), BF16=x.dtype == scale_min.dtype == torch.bfloat16,
+        **_launch_opts(cfg, x.device))
+    return y
 
 
 def _int4_stream(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor, G: int,

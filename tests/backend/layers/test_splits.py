@@ -77,3 +77,22 @@ def test_int4_stream_k_matches_the_reference_and_resets_its_counters() -> None:
         again = quant_kernels.int4_matmul(x, packed, sm, G, cfg)
         assert torch.equal(first, again)
         assert int(splits.counters(x.device).abs().sum()) == 0
+
+
+def test_int4_stream_gemv_matches_the_reference_and_resets_its_counters() -> None:
+    """The one-token stream GEMV over more (row block, step) units than programs (500 rows:
+    32 blocks, the last cut short, x 16 steps on 132 programs): ranges that start and end
+    inside blocks; repeated calls give the same bits and leave the counters at zero."""
+    g = torch.Generator().manual_seed(2)
+    N, K, G = 500, 1024, 32
+    i4 = quantize_int4(torch.randn(N, K, generator=g) * 0.05, G)
+    packed = quant_kernels.pack_int4(i4.codes).to(DEVICE)
+    sm = quant_kernels.pack_scale_min(i4.scale, i4.min).to(DEVICE)
+    cfg = dict(BLOCK_N=16, BYTES=32, MAGIC=1, WORDS=1, STREAM_GEMV=1, STAGES=3, num_warps=2,
+               num_stages=3)
+    x = torch.randn(1, K, generator=g).to(DEVICE)
+    first = quant_kernels.int4_matmul(x, packed, sm, G, cfg)
+    want = x.float() @ quant_kernels.dequantize_int4(packed, sm, G).float().t()
+    torch.testing.assert_close(first.float(), want, atol=1e-4, rtol=1e-4)
+    assert torch.equal(first, quant_kernels.int4_matmul(x, packed, sm, G, cfg))
+    assert int(splits.counters(x.device).abs().sum()) == 0
