@@ -332,6 +332,87 @@ if triton is not None:
         return (a & -65536).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _int4_words_step(acc, acc_z, x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j0,
+                         G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                         EVEN: tl.constexpr, BF16: tl.constexpr):
+        """One step of ``_int4_words_piece``: words [j0, j0 + GROUPS G / 4) of rows ``rn``
+        into the sums (acc [BLOCK_N, GROUPS, G / 4], acc_z [BLOCK_N, GROUPS])."""
+        half = K // 2
+        hg = half // G
+        GW: tl.constexpr = G // 4
+        g = j0 // GW + tl.arange(0, GROUPS)  # [GROUPS]
+        wi = g[:, None] * GW + tl.arange(0, GW)[None, :]  # [GROUPS, GW] word index
+        ri = rn[:, None] * hg + g[None, :]  # [BN, GROUPS] record index
+        gm = g < hg
+        sm = (rn[:, None] < N) & gm[None, :]
+        if EVEN:
+            w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :])
+        else:
+            w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :],
+                        mask=sm[:, :, None], other=0)
+        if BF16:
+            xw = x_ptr.to(tl.pointer_type(tl.int64))
+            if EVEN:
+                r = tl.load(sm_ptr.to(tl.pointer_type(tl.int64)) + ri)
+                xw_lo = tl.load(xw + wi)  # x[4i .. 4i + 3]
+                xw_hi = tl.load(xw + hw + wi)  # x[half + 4i ..]
+            else:
+                r = tl.load(sm_ptr.to(tl.pointer_type(tl.int64)) + ri, mask=sm, other=0)
+                xw_lo = tl.load(xw + wi, mask=gm[:, None], other=0)
+                xw_hi = tl.load(xw + hw + wi, mask=gm[:, None], other=0)
+            r0, r1 = r.to(tl.int32), (r >> 32).to(tl.int32)
+            s_lo, z_lo = _bf16_of_words(r0, r1, 0), _bf16_of_words(r0, r1, 1)
+            s_hi, z_hi = _bf16_of_words(r0, r1, 2), _bf16_of_words(r0, r1, 3)
+            l0, l1 = xw_lo.to(tl.int32), (xw_lo >> 32).to(tl.int32)
+            h0, h1 = xw_hi.to(tl.int32), (xw_hi >> 32).to(tl.int32)
+        else:
+            sp = sm_ptr + ri * 4
+            if EVEN:
+                s_lo, z_lo = tl.load(sp).to(tl.float32), tl.load(sp + 1).to(tl.float32)
+                s_hi, z_hi = tl.load(sp + 2).to(tl.float32), tl.load(sp + 3).to(tl.float32)
+            else:
+                s_lo = tl.load(sp, mask=sm, other=0.0).to(tl.float32)
+                z_lo = tl.load(sp + 1, mask=sm, other=0.0).to(tl.float32)
+                s_hi = tl.load(sp + 2, mask=sm, other=0.0).to(tl.float32)
+                z_hi = tl.load(sp + 3, mask=sm, other=0.0).to(tl.float32)
+        w8 = w >> 8  # byte 3's nibbles at bits 16..23
+        xp = x_ptr + 4 * wi  # [GROUPS, GW]
+        t_lo = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+        t_hi = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+        xs_lo = tl.zeros((GROUPS, GW), dtype=tl.float32)
+        xs_hi = tl.zeros((GROUPS, GW), dtype=tl.float32)
+        for b in tl.static_range(4):
+            if BF16:
+                xl = _bf16_of_words(l0, l1, b)
+                xh = _bf16_of_words(h0, h1, b)
+            elif EVEN:
+                xl = tl.load(xp + b).to(tl.float32)
+                xh = tl.load(xp + half + b).to(tl.float32)
+            else:
+                xl = tl.load(xp + b, mask=gm[:, None], other=0.0).to(tl.float32)
+                xh = tl.load(xp + half + b, mask=gm[:, None], other=0.0).to(tl.float32)
+            xs_lo += xl
+            xs_hi += xh
+            if b < 3:  # low nibble at P = 8b, high at 8b + 4
+                f_lo = _subnormal(w, 0xF << (8 * b))
+                f_hi = _subnormal(w, 0xF0 << (8 * b))
+                xl = xl * (2.0 ** (100 - 8 * b))
+                xh = xh * (2.0 ** (96 - 8 * b))
+            else:  # from w >> 8: P = 16 and 20
+                f_lo = _subnormal(w8, 0xF0000)
+                f_hi = _subnormal(w8, 0xF00000)
+                xl = xl * (2.0 ** 84)
+                xh = xh * (2.0 ** 80)
+            t_lo += f_lo * xl[None, :, :]
+            t_hi += f_hi * xh[None, :, :]
+        s_lo, s_hi = s_lo * (2.0 ** 49), s_hi * (2.0 ** 49)
+        acc += t_lo * s_lo[:, :, None]  # two FMAs (a sum of both products is three)
+        acc += t_hi * s_hi[:, :, None]
+        # min * (sum of the group's x): once per row and group, the x sums shared
+        acc_z += z_lo * tl.sum(xs_lo, axis=1)[None, :] + z_hi * tl.sum(xs_hi, axis=1)[None, :]
+        return acc, acc_z
+
+    @triton.jit
     def _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j_begin, j_end,
                           G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
                           EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr):
@@ -351,82 +432,12 @@ if triton is not None:
         # int64, x as int64 words of four values. 2-byte loads stay outside the pipeline,
         # and their latency was paid every step: 57.0 -> 48.2 us a Llama-2-7B block on an
         # H200 with this and three stages (docs/benchmarks/quant.md).
-        half = K // 2
-        hg = half // G
         GW: tl.constexpr = G // 4
         acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
         acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
         for j0 in tl.range(j_begin, j_end, GROUPS * GW, num_stages=STAGES):
-            g = j0 // GW + tl.arange(0, GROUPS)  # [GROUPS]
-            wi = g[:, None] * GW + tl.arange(0, GW)[None, :]  # [GROUPS, GW] word index
-            ri = rn[:, None] * hg + g[None, :]  # [BN, GROUPS] record index
-            gm = g < hg
-            sm = (rn[:, None] < N) & gm[None, :]
-            if EVEN:
-                w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :])
-            else:
-                w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :],
-                            mask=sm[:, :, None], other=0)
-            if BF16:
-                xw = x_ptr.to(tl.pointer_type(tl.int64))
-                if EVEN:
-                    r = tl.load(sm_ptr.to(tl.pointer_type(tl.int64)) + ri)
-                    xw_lo = tl.load(xw + wi)  # x[4i .. 4i + 3]
-                    xw_hi = tl.load(xw + hw + wi)  # x[half + 4i ..]
-                else:
-                    r = tl.load(sm_ptr.to(tl.pointer_type(tl.int64)) + ri, mask=sm, other=0)
-                    xw_lo = tl.load(xw + wi, mask=gm[:, None], other=0)
-                    xw_hi = tl.load(xw + hw + wi, mask=gm[:, None], other=0)
-                r0, r1 = r.to(tl.int32), (r >> 32).to(tl.int32)
-                s_lo, z_lo = _bf16_of_words(r0, r1, 0), _bf16_of_words(r0, r1, 1)
-                s_hi, z_hi = _bf16_of_words(r0, r1, 2), _bf16_of_words(r0, r1, 3)
-                l0, l1 = xw_lo.to(tl.int32), (xw_lo >> 32).to(tl.int32)
-                h0, h1 = xw_hi.to(tl.int32), (xw_hi >> 32).to(tl.int32)
-            else:
-                sp = sm_ptr + ri * 4
-                if EVEN:
-                    s_lo, z_lo = tl.load(sp).to(tl.float32), tl.load(sp + 1).to(tl.float32)
-                    s_hi, z_hi = tl.load(sp + 2).to(tl.float32), tl.load(sp + 3).to(tl.float32)
-                else:
-                    s_lo = tl.load(sp, mask=sm, other=0.0).to(tl.float32)
-                    z_lo = tl.load(sp + 1, mask=sm, other=0.0).to(tl.float32)
-                    s_hi = tl.load(sp + 2, mask=sm, other=0.0).to(tl.float32)
-                    z_hi = tl.load(sp + 3, mask=sm, other=0.0).to(tl.float32)
-            w8 = w >> 8  # byte 3's nibbles at bits 16..23
-            xp = x_ptr + 4 * wi  # [GROUPS, GW]
-            t_lo = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
-            t_hi = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
-            xs_lo = tl.zeros((GROUPS, GW), dtype=tl.float32)
-            xs_hi = tl.zeros((GROUPS, GW), dtype=tl.float32)
-            for b in tl.static_range(4):
-                if BF16:
-                    xl = _bf16_of_words(l0, l1, b)
-                    xh = _bf16_of_words(h0, h1, b)
-                elif EVEN:
-                    xl = tl.load(xp + b).to(tl.float32)
-                    xh = tl.load(xp + half + b).to(tl.float32)
-                else:
-                    xl = tl.load(xp + b, mask=gm[:, None], other=0.0).to(tl.float32)
-                    xh = tl.load(xp + half + b, mask=gm[:, None], other=0.0).to(tl.float32)
-                xs_lo += xl
-                xs_hi += xh
-                if b < 3:  # low nibble at P = 8b, high at 8b + 4
-                    f_lo = _subnormal(w, 0xF << (8 * b))
-                    f_hi = _subnormal(w, 0xF0 << (8 * b))
-                    xl = xl * (2.0 ** (100 - 8 * b))
-                    xh = xh * (2.0 ** (96 - 8 * b))
-                else:  # from w >> 8: P = 16 and 20
-                    f_lo = _subnormal(w8, 0xF0000)
-                    f_hi = _subnormal(w8, 0xF00000)
-                    xl = xl * (2.0 ** 84)
-                    xh = xh * (2.0 ** 80)
-                t_lo += f_lo * xl[None, :, :]
-                t_hi += f_hi * xh[None, :, :]
-            s_lo, s_hi = s_lo * (2.0 ** 49), s_hi * (2.0 ** 49)
-            acc += t_lo * s_lo[:, :, None]  # two FMAs (a sum of both products is three)
-            acc += t_hi * s_hi[:, :, None]
-            # min * (sum of the group's x): once per row and group, the x sums shared
-            acc_z += z_lo * tl.sum(xs_lo, axis=1)[None, :] + z_hi * tl.sum(xs_hi, axis=1)[None, :]
+            acc, acc_z = _int4_words_step(acc, acc_z, x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j0, G,
+                                          BLOCK_N, GROUPS, EVEN, BF16)
         return tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
 
     @fast
@@ -446,21 +457,43 @@ if triton is not None:
         pdl_release(PDL)
         _store_row(y_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, PARTIAL)
 
+    @triton.jit
+    def _stream_sum(y_ptr, part_ptr, cnt_ptr, t, P, N, STEPS, UNITS, BLOCK_N: tl.constexpr):
+        """Row block t of a stream GEMV, cut between programs, after this program stored
+        its piece: the last of them to arrive sums the pieces in program order (the sum
+        does not depend on which arrives last) and writes y. Partials: two [BLOCK_N] slots
+        per program (its first block's piece, its last block's), as
+        ``_int4_gemm_stream``'s."""
+        tl.debug_barrier()  # every thread's piece is stored before the release
+        offs = tl.arange(0, BLOCK_N)
+        # the programs holding a piece of block t: the owners of its first and last unit
+        # (program p owns units [p UNITS / P, (p + 1) UNITS / P))
+        p_first = ((t * STEPS + 1) * P - 1) // UNITS
+        p_last = ((t + 1) * STEPS * P - 1) // UNITS
+        arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+        if arrived == p_last - p_first:
+            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for q in range(p_first, p_last + 1):
+                q_slot = (t != (q * UNITS // P) // STEPS).to(tl.int32)
+                # .cg: from L2; this multiprocessor's L1 may hold stale lines
+                total += tl.load(part_ptr + (q * 2 + q_slot) * BLOCK_N + offs,
+                                 cache_modifier=".cg")
+            rn = t * BLOCK_N + offs
+            tl.store(y_ptr + rn, total.to(y_ptr.dtype.element_ty), mask=rn < N)
+            tl.store(cnt_ptr + t, 0)  # zero again for the next launch
+
     @fast
     @triton.jit
     def _int4_gemv_stream(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw, STEPS,
                           UNITS, G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
                           EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr,
-                          PDL: tl.constexpr):
+                          FLAT: tl.constexpr, PDL: tl.constexpr):
         # The word-wise GEMV as stream-K: UNITS = row blocks x STEPS (block, step of GROUPS
         # groups) units in block order, one even range per program of a grid sized to the
         # GPU. A grid of whole blocks (or K splits of them) leaves multiprocessors idle in
         # its last wave and gives each program a few steps, most of them spent filling the
-        # pipeline; here every multiprocessor streams the same bytes, each program one run.
-        # A program finishing a whole block stores it; a block cut between programs is
-        # summed by the last of them to arrive, the pieces read back in program order (the
-        # sum does not depend on which arrives last). Partials: two [BLOCK_N] slots per
-        # program (its first block's piece, its last block's), as ``_int4_gemm_stream``.
+        # pipeline; here every multiprocessor streams the same bytes. FLAT: the program's
+        # units in one pipelined loop, across block boundaries (else one loop per block).
         pdl_wait(PDL)
         SW: tl.constexpr = GROUPS * G // 4  # words of a row a step
         P = tl.num_programs(0)
@@ -469,35 +502,53 @@ if triton is not None:
         u1 = (pid + 1) * UNITS // P
         first_block = u0 // STEPS
         offs = tl.arange(0, BLOCK_N)
-        u = u0
-        while u < u1:
-            t = u // STEPS
-            s0 = u - t * STEPS
-            s1 = tl.minimum(STEPS, s0 + u1 - u)
-            rn = t * BLOCK_N + offs
-            y = _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, s0 * SW, s1 * SW, G,
-                                  BLOCK_N, GROUPS, EVEN, STAGES, BF16)
-            if s1 - s0 == STEPS:
-                tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
-            else:
-                slot = (t != first_block).to(tl.int32)
-                tl.store(part_ptr + (pid * 2 + slot) * BLOCK_N + offs, y)
-                tl.debug_barrier()  # every thread's partial is stored before the release
-                # the programs holding a piece of block t: the owners of its first and last
-                # unit (program p owns units [p UNITS / P, (p + 1) UNITS / P))
-                p_first = ((t * STEPS + 1) * P - 1) // UNITS
-                p_last = ((t + 1) * STEPS * P - 1) // UNITS
-                arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-                if arrived == p_last - p_first:
-                    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-                    for q in range(p_first, p_last + 1):
-                        q_slot = (t != (q * UNITS // P) // STEPS).to(tl.int32)
-                        # .cg: from L2; this multiprocessor's L1 may hold stale lines
-                        total += tl.load(part_ptr + (q * 2 + q_slot) * BLOCK_N + offs,
-                                         cache_modifier=".cg")
-                    tl.store(y_ptr + rn, total.to(y_ptr.dtype.element_ty), mask=rn < N)
-                    tl.store(cnt_ptr + t, 0)  # zero again for the next launch
-            u += s1 - s0
+        if FLAT:
+            # one pipelined loop over the program's units, across block boundaries: at a
+            # block's end its sums go to y (a whole block) or to this program's slot (a
+            # piece), stores only (a loop with atomics or loops in it is not pipelined);
+            # the pieces' sums (the first and last block, at most) after the loop
+            GW: tl.constexpr = G // 4
+            acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+            acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
+            for u in tl.range(u0, u1, num_stages=STAGES):
+                t = u // STEPS
+                st = u - t * STEPS
+                rn = t * BLOCK_N + offs
+                acc, acc_z = _int4_words_step(acc, acc_z, x_ptr, p_ptr, sm_ptr, rn, N, K, hw,
+                                              st * SW, G, BLOCK_N, GROUPS, EVEN, BF16)
+                end = (st == STEPS - 1) | (u == u1 - 1)
+                if end:
+                    y = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
+                    whole = (st == STEPS - 1) & (t * STEPS >= u0)
+                    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty),
+                             mask=(rn < N) & (offs < BLOCK_N * whole))
+                    slot = (t != first_block).to(tl.int32)
+                    tl.store(part_ptr + (pid * 2 + slot) * BLOCK_N + offs, y,
+                             mask=offs >= BLOCK_N * whole)
+                keep = 1.0 - end.to(tl.float32)
+                acc = acc * keep
+                acc_z = acc_z * keep
+            last_block = (u1 - 1) // STEPS
+            if (u0 % STEPS != 0) | (u1 < (first_block + 1) * STEPS):
+                _stream_sum(y_ptr, part_ptr, cnt_ptr, first_block, P, N, STEPS, UNITS, BLOCK_N)
+            if (last_block != first_block) & (u1 % STEPS != 0):
+                _stream_sum(y_ptr, part_ptr, cnt_ptr, last_block, P, N, STEPS, UNITS, BLOCK_N)
+        else:
+            u = u0
+            while u < u1:
+                t = u // STEPS
+                s0 = u - t * STEPS
+                s1 = tl.minimum(STEPS, s0 + u1 - u)
+                rn = t * BLOCK_N + offs
+                y = _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, s0 * SW, s1 * SW, G,
+                                      BLOCK_N, GROUPS, EVEN, STAGES, BF16)
+                if s1 - s0 == STEPS:
+                    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+                else:
+                    slot = (t != first_block).to(tl.int32)
+                    tl.store(part_ptr + (pid * 2 + slot) * BLOCK_N + offs, y)
+                    _stream_sum(y_ptr, part_ptr, cnt_ptr, t, P, N, STEPS, UNITS, BLOCK_N)
+                u += s1 - s0
         pdl_release(PDL)
 
     @triton.jit
@@ -896,7 +947,7 @@ def _int4_gemv_stream_call(x: torch.Tensor, packed: torch.Tensor, scale_min: tor
         x, packed.view(torch.int32), scale_min, y, part, counters(x.device), N, K, K // 8,
         steps, blocks * steps, G=G, BLOCK_N=bn, GROUPS=groups, EVEN=N % bn == 0,
         STAGES=cfg.get("STAGES", 1), BF16=x.dtype == scale_min.dtype == torch.bfloat16,
-        **_launch_opts(cfg, x.device))
+        FLAT=cfg.get("FLAT", 0), **_launch_opts(cfg, x.device))
     return y
 
 

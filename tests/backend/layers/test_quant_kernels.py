@@ -51,8 +51,8 @@ _CHECK = textwrap.dedent("""
               dict(BLOCK_N=16, BYTES=32, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=2, SPLIT_GEMV=1,
                    STAGES=3, num_warps=4, num_stages=3)]
     # or as stream-K: one or two groups a step, pipelined or not
-    gemv4 += [dict(BLOCK_N=16, BYTES=by, MAGIC=1, WORDS=1, STREAM_GEMV=1, STAGES=st,
-                   num_warps=2, num_stages=3) for by, st in ((32, 3), (64, 1))]
+    gemv4 += [dict(BLOCK_N=16, BYTES=by, MAGIC=1, WORDS=1, STREAM_GEMV=1, STAGES=st, FLAT=fl,
+                   num_warps=2, num_stages=3) for by, st, fl in ((32, 3, 0), (64, 1, 1))]
     gemm4 = [dict(BLOCK_N=16, GROUPS=gr, SPLIT_K=sk, MAGIC=m, SWAP=sw, num_warps=4,
                   num_stages=3)
              for gr, sk, m, sw in ((1, 1, 0, 0), (2, 2, 3, 1), (1, 0, 2, 1), (2, 3, 0, 1))]
@@ -79,8 +79,8 @@ _CHECK = textwrap.dedent("""
     # output, on tiles that do and do not divide the shape, with the default configs
     words4 = [dict(BLOCK_N=16, BYTES=128, MAGIC=1, WORDS=1, STAGES=st, PROGRAMS_PER_SM=4,
                    SPLIT_GEMV=1, num_warps=2, num_stages=3) for st in (1, 3)]
-    words4 += [dict(BLOCK_N=16, BYTES=128, MAGIC=1, WORDS=1, STREAM_GEMV=1, STAGES=3,
-                    num_warps=2, num_stages=3)]
+    words4 += [dict(BLOCK_N=16, BYTES=128, MAGIC=1, WORDS=1, STREAM_GEMV=1, STAGES=3, FLAT=fl,
+                    num_warps=2, num_stages=3) for fl in (0, 1)]
     for N, K, G in ((64, 512, 32), (40, 1024, 128), (64, 768, 128)):
         g = quantize_int4(torch.randn(N, K, generator=gen) * 0.05, G)
         packed = qk.pack_int4(g.codes)
@@ -101,7 +101,9 @@ _CHECK = textwrap.dedent("""
         x = torch.randn(1, K, generator=gen)
         for sms in (1, 3, 6, 7, 19):
             qk.multiprocessors = lambda device, default, n=sms: n
-            close(qk.int4_matmul(x, packed, sm, 128, cfg), x @ g.dequantize().t())
+            for flat in (0, 1):  # a loop per block, or one across blocks
+                close(qk.int4_matmul(x, packed, sm, 128, dict(cfg, FLAT=flat)),
+                      x @ g.dequantize().t())
     assert not qk.counters(torch.device("cpu")).any()
     print("ok")
 """)

@@ -21,10 +21,11 @@ from benchmarks.quant_sweep import SHAPES_7B, Weights, copy_gbs
 dev = torch.device("cuda")
 G = 128
 BASE = dict(qk.CONFIGS["int4-g128"][1])
-VARIANTS = {  # bn, num_warps, per_sm, stages
-    "s64w2p4s3": (64, 2, 4, 3), "s64w2p3s3": (64, 2, 3, 3), "s64w2p6s3": (64, 2, 6, 3),
-    "s64w2p4s4": (64, 2, 4, 4), "s64w2p2s4": (64, 2, 2, 4), "s64w2p5s3": (64, 2, 5, 3),
-    "s32w1p8s3": (32, 1, 8, 3), "s128w4p2s3": (128, 4, 2, 3),
+VARIANTS = {  # bn, num_warps, per_sm, stages, flat (one pipelined loop across blocks)
+    "s64w2p4s3": (64, 2, 4, 3, 0), "s64w2p3s3": (64, 2, 3, 3, 0), "s64w2p6s3": (64, 2, 6, 3, 0),
+    "s64w2p4s4": (64, 2, 4, 4, 0), "f64w2p4s3": (64, 2, 4, 3, 1), "f64w2p3s3": (64, 2, 3, 3, 1),
+    "f64w2p6s3": (64, 2, 6, 3, 1), "f64w2p4s4": (64, 2, 4, 4, 1), "f64w2p2s4": (64, 2, 2, 4, 1),
+    "f32w1p8s3": (32, 1, 8, 3, 1), "f128w4p2s3": (128, 4, 2, 3, 1),
 }
 res = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
        "gpu": torch.cuda.get_device_name(), "copy_gbs": round(copy_gbs(dev), 1),
@@ -41,8 +42,8 @@ for name, N, K in SHAPES_7B:
     row = {"base_err": err(base)}
     ways = {"base": w.calls(f"int4-g{G}", dict(BASE, kind="words"), x)}
     rot = list(zip(w._rotated(G, packed), w._rotated((G, "sm"), sm, packed)))
-    for v, (bn, nw, ps, st) in VARIANTS.items():
-        cfg = dict(BASE, BLOCK_N=bn, num_warps=nw, STREAM_GEMV=ps, STAGES=st)
+    for v, (bn, nw, ps, st, fl) in VARIANTS.items():
+        cfg = dict(BASE, BLOCK_N=bn, num_warps=nw, STREAM_GEMV=ps, STAGES=st, FLAT=fl)
         ys = [qk.int4_matmul(x, packed, sm, G, cfg) for _ in range(3)]
         row[v + "_err"] = err(ys[0])
         row[v + "_stable"] = all(torch.equal(ys[0], y) for y in ys)
@@ -71,8 +72,9 @@ json.dump(res, open(sys.argv[1], "w"), indent=1)
 # of the best block total, alternating
 blocks = {v: res[f"block_{v}_us"] + res[f"block_{v}_again_us"] for v in VARIANTS}
 top = min(blocks, key=blocks.get)
-bn, nw, ps, st = VARIANTS[top]
-ways = {"base": BASE, "stream": dict(BASE, BLOCK_N=bn, num_warps=nw, STREAM_GEMV=ps, STAGES=st)}
+bn, nw, ps, st, fl = VARIANTS[top]
+ways = {"base": BASE,
+        "stream": dict(BASE, BLOCK_N=bn, num_warps=nw, STREAM_GEMV=ps, STAGES=st, FLAT=fl)}
 res["engine_variant"] = top
 res["engine"] = []
 for rnd in range(int(os.environ.get("ROUNDS", "2"))):
