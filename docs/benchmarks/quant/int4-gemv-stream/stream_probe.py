@@ -4,7 +4,7 @@ a grid of blocks (the default config): per Llama-2-7B shape, codes and records r
 L2 (benchmarks.quant_sweep's Weights), us; then the engine's int4 batch-1 step with the
 default and with the stream variant of the best block total, alternating in one process.
 
-    python stream_probe.py OUT_JSON
+    [VARIANTS=name,...] [ROUNDS=2] python stream_probe.py OUT_JSON
 """
 import json
 import os
@@ -27,6 +27,8 @@ VARIANTS = {  # bn, num_warps, per_sm, stages, flat (one pipelined loop across b
     "f64w2p6s3": (64, 2, 6, 3, 1), "f64w2p4s4": (64, 2, 4, 4, 1), "f64w2p2s4": (64, 2, 2, 4, 1),
     "f32w1p8s3": (32, 1, 8, 3, 1), "f128w4p2s3": (128, 4, 2, 3, 1),
 }
+if os.environ.get("VARIANTS"):  # a subset, by name
+    VARIANTS = {v: VARIANTS[v] for v in os.environ["VARIANTS"].split(",")}
 res = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
        "gpu": torch.cuda.get_device_name(), "copy_gbs": round(copy_gbs(dev), 1),
        "variants": VARIANTS, "shapes": {}}
