@@ -458,29 +458,40 @@ if triton is not None:
         _store_row(y_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, PARTIAL)
 
     @triton.jit
-    def _stream_sum(y_ptr, part_ptr, cnt_ptr, t, P, N, STEPS, UNITS, BLOCK_N: tl.constexpr):
-        """Row block t of a stream GEMV, cut between programs, after this program stored
-        its piece: the last of them to arrive sums the pieces in program order (the sum
-        does not depend on which arrives last) and writes y. Partials: two [BLOCK_N] slots
-        per program (its first block's piece, its last block's), as
-        ``_int4_gemm_stream``'s."""
+    def _stream_pieces(part_ptr, cnt_ptr, t, offs, P, STEPS, UNITS, SIZE: tl.constexpr):
+        """Unit t of a stream-K kernel (a row block or a tile), cut between programs, after
+        this program stored its piece (``offs`` in its slot of SIZE values): (whether this
+        program is the last of them to arrive, and then the pieces summed in program
+        order, so the sum does not depend on which arrives last; else zeros). The last
+        leaves t's arrival counter at 0 for the next launch. Partials: two slots per
+        program (its first unit's piece, its last unit's), program p owning units
+        [p UNITS / P, (p + 1) UNITS / P) of STEPS steps each."""
         tl.debug_barrier()  # every thread's piece is stored before the release
-        offs = tl.arange(0, BLOCK_N)
-        # the programs holding a piece of block t: the owners of its first and last unit
-        # (program p owns units [p UNITS / P, (p + 1) UNITS / P))
+        # the programs holding a piece of t: the owners of its first and last step
         p_first = ((t * STEPS + 1) * P - 1) // UNITS
         p_last = ((t + 1) * STEPS * P - 1) // UNITS
         arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-        if arrived == p_last - p_first:
-            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        last = arrived == p_last - p_first
+        total = tl.zeros(offs.shape, dtype=tl.float32)
+        if last:
             for q in range(p_first, p_last + 1):
                 q_slot = (t != (q * UNITS // P) // STEPS).to(tl.int32)
                 # .cg: from L2; this multiprocessor's L1 may hold stale lines
-                total += tl.load(part_ptr + (q * 2 + q_slot) * BLOCK_N + offs,
+                total += tl.load(part_ptr + (q * 2 + q_slot) * SIZE + offs,
                                  cache_modifier=".cg")
+            tl.store(cnt_ptr + t, 0)
+        return last, total
+
+    @triton.jit
+    def _stream_sum(y_ptr, part_ptr, cnt_ptr, t, P, N, STEPS, UNITS, BLOCK_N: tl.constexpr):
+        """Row block t of a stream GEMV, cut between programs, after this program stored
+        its piece: the last of them to arrive writes y, the pieces' sum
+        (``_stream_pieces``)."""
+        offs = tl.arange(0, BLOCK_N)
+        last, total = _stream_pieces(part_ptr, cnt_ptr, t, offs, P, STEPS, UNITS, BLOCK_N)
+        if last:
             rn = t * BLOCK_N + offs
             tl.store(y_ptr + rn, total.to(y_ptr.dtype.element_ty), mask=rn < N)
-            tl.store(cnt_ptr + t, 0)  # zero again for the next launch
 
     @fast
     @triton.jit
@@ -525,9 +536,8 @@ if triton is not None:
                     slot = (t != first_block).to(tl.int32)
                     tl.store(part_ptr + (pid * 2 + slot) * BLOCK_N + offs, y,
                              mask=offs >= BLOCK_N * whole)
-                keep = 1.0 - end.to(tl.float32)
-                acc = acc * keep
-                acc_z = acc_z * keep
+                    acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+                    acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
             last_block = (u1 - 1) // STEPS
             if (u0 % STEPS != 0) | (u1 < (first_block + 1) * STEPS):
                 _stream_sum(y_ptr, part_ptr, cnt_ptr, first_block, P, N, STEPS, UNITS, BLOCK_N)
@@ -741,21 +751,10 @@ if triton is not None:
             else:
                 slot = (t != first_tile).to(tl.int32)
                 tl.store(part_ptr + (pid * 2 + slot) * (BLOCK_M * BLOCK_N) + offs, acc)
-                tl.debug_barrier()  # every thread's partial is stored before the release
-                # the programs that hold a piece of tile t: the owners of its first and
-                # last unit (program p owns units [p UNITS / P, (p + 1) UNITS / P))
-                p_first = ((t * STEPS + 1) * P - 1) // UNITS
-                p_last = ((t + 1) * STEPS * P - 1) // UNITS
-                arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-                if arrived == p_last - p_first:
-                    total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                    for q in range(p_first, p_last + 1):
-                        q_slot = (t != (q * UNITS // P) // STEPS).to(tl.int32)
-                        # .cg: from L2; this multiprocessor's L1 may hold stale lines
-                        total += tl.load(part_ptr + (q * 2 + q_slot) * (BLOCK_M * BLOCK_N)
-                                         + offs, cache_modifier=".cg")
+                last, total = _stream_pieces(part_ptr, cnt_ptr, t, offs, P, STEPS, UNITS,
+                                             BLOCK_M * BLOCK_N)
+                if last:
                     _store_tile(y_ptr, total, rm, rn, 0, M, N, True, False)
-                    tl.store(cnt_ptr + t, 0)  # zero again for the next launch
             u += s1 - s0
         pdl_release(PDL)
 
