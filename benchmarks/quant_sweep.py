@@ -96,11 +96,6 @@ def variants(fmt: str, M: int) -> list[dict]:
         out = [_v("triton", BLOCK_N=bn, BYTES=by, num_warps=w, MAGIC=m)
                for bn, by, w, m in ((2, 1024, 4, 1), (8, 512, 4, 1), (4, 1024, 4, 1))]
         out += _words("BYTES", WORDS_INT4)
-        # the word-wise GEMV as stream-K: (rows, warps, programs per multiprocessor, one
-        # pipelined loop across row blocks or a loop per block)
-        out += [_v("triton", MAGIC=1, WORDS=1, BLOCK_N=bn, BYTES=128, num_warps=w, STAGES=3,
-                   STREAM_GEMV=p, FLAT=fl)
-                for bn, w, p, fl in ((64, 2, 4, 0), (64, 2, 4, 1), (64, 2, 6, 1), (32, 1, 8, 1))]
         out += [_v("triton", BLOCK_N=64, GROUPS=1, SPLIT_K=sk, MAGIC=m, num_warps=4, SWAP=1)
                 for sk, m in ((0, 3), (4, 3))]  # the GEMM, 16 rows padded
     else:

@@ -417,7 +417,7 @@ if triton is not None:
                           G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
                           EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr):
         """One token through rows ``rn`` of an int4 layer, words [j_begin, j_end) of each
-        row half: the fp32 sums [BLOCK_N] (the word-wise GEMVs' shared arithmetic)."""
+        row half: the fp32 sums [BLOCK_N]."""
         # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
         # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
         # A nibble decodes with one AND (``_subnormal``: n * 2^(P - 149) for its bit
@@ -459,7 +459,7 @@ if triton is not None:
 
     @triton.jit
     def _stream_pieces(part_ptr, cnt_ptr, t, offs, P, STEPS, UNITS, SIZE: tl.constexpr):
-        """Unit t of a stream-K kernel (a row block or a tile), cut between programs, after
+        """Tile t of the stream-K int4 GEMM, cut between programs, after
         this program stored its piece (``offs`` in its slot of SIZE values): (whether this
         program is the last of them to arrive, and then the pieces summed in program
         order, so the sum does not depend on which arrives last; else zeros). The last
@@ -481,85 +481,6 @@ if triton is not None:
                                  cache_modifier=".cg")
             tl.store(cnt_ptr + t, 0)
         return last, total
-
-    @triton.jit
-    def _stream_sum(y_ptr, part_ptr, cnt_ptr, t, P, N, STEPS, UNITS, BLOCK_N: tl.constexpr):
-        """Row block t of a stream GEMV, cut between programs, after this program stored
-        its piece: the last of them to arrive writes y, the pieces' sum
-        (``_stream_pieces``)."""
-        offs = tl.arange(0, BLOCK_N)
-        last, total = _stream_pieces(part_ptr, cnt_ptr, t, offs, P, STEPS, UNITS, BLOCK_N)
-        if last:
-            rn = t * BLOCK_N + offs
-            tl.store(y_ptr + rn, total.to(y_ptr.dtype.element_ty), mask=rn < N)
-
-    @fast
-    @triton.jit
-    def _int4_gemv_stream(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw, STEPS,
-                          UNITS, G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                          EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr,
-                          FLAT: tl.constexpr, PDL: tl.constexpr):
-        # The word-wise GEMV as stream-K: UNITS = row blocks x STEPS (block, step of GROUPS
-        # groups) units in block order, one even range per program of a grid sized to the
-        # GPU. A grid of whole blocks (or K splits of them) leaves multiprocessors idle in
-        # its last wave and gives each program a few steps, most of them spent filling the
-        # pipeline; here every multiprocessor streams the same bytes. FLAT: the program's
-        # units in one pipelined loop, across block boundaries (else one loop per block).
-        pdl_wait(PDL)
-        SW: tl.constexpr = GROUPS * G // 4  # words of a row a step
-        P = tl.num_programs(0)
-        pid = tl.program_id(0)
-        u0 = pid * UNITS // P
-        u1 = (pid + 1) * UNITS // P
-        first_block = u0 // STEPS
-        offs = tl.arange(0, BLOCK_N)
-        if FLAT:
-            # one pipelined loop over the program's units, across block boundaries: at a
-            # block's end its sums go to y (a whole block) or to this program's slot (a
-            # piece), stores only (a loop with atomics or loops in it is not pipelined);
-            # the pieces' sums (the first and last block, at most) after the loop
-            GW: tl.constexpr = G // 4
-            acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
-            acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
-            for u in tl.range(u0, u1, num_stages=STAGES):
-                t = u // STEPS
-                st = u - t * STEPS
-                rn = t * BLOCK_N + offs
-                acc, acc_z = _int4_words_step(acc, acc_z, x_ptr, p_ptr, sm_ptr, rn, N, K, hw,
-                                              st * SW, G, BLOCK_N, GROUPS, EVEN, BF16)
-                end = (st == STEPS - 1) | (u == u1 - 1)
-                if end:
-                    y = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
-                    whole = (st == STEPS - 1) & (t * STEPS >= u0)
-                    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty),
-                             mask=(rn < N) & (offs < BLOCK_N * whole))
-                    slot = (t != first_block).to(tl.int32)
-                    tl.store(part_ptr + (pid * 2 + slot) * BLOCK_N + offs, y,
-                             mask=offs >= BLOCK_N * whole)
-                    acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
-                    acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
-            last_block = (u1 - 1) // STEPS
-            if (u0 % STEPS != 0) | (u1 < (first_block + 1) * STEPS):
-                _stream_sum(y_ptr, part_ptr, cnt_ptr, first_block, P, N, STEPS, UNITS, BLOCK_N)
-            if (last_block != first_block) & (u1 % STEPS != 0):
-                _stream_sum(y_ptr, part_ptr, cnt_ptr, last_block, P, N, STEPS, UNITS, BLOCK_N)
-        else:
-            u = u0
-            while u < u1:
-                t = u // STEPS
-                s0 = u - t * STEPS
-                s1 = tl.minimum(STEPS, s0 + u1 - u)
-                rn = t * BLOCK_N + offs
-                y = _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, s0 * SW, s1 * SW, G,
-                                      BLOCK_N, GROUPS, EVEN, STAGES, BF16)
-                if s1 - s0 == STEPS:
-                    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
-                else:
-                    slot = (t != first_block).to(tl.int32)
-                    tl.store(part_ptr + (pid * 2 + slot) * BLOCK_N + offs, y)
-                    _stream_sum(y_ptr, part_ptr, cnt_ptr, t, P, N, STEPS, UNITS, BLOCK_N)
-                u += s1 - s0
-        pdl_release(PDL)
 
     @triton.jit
     def _store_row(y_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, PARTIAL: tl.constexpr):
@@ -893,8 +814,6 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
     block_m = max(16, bucket)
     if M == 1 and "BYTES" in cfg:  # GEMV configs carry BYTES, GEMM configs GROUPS
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
-        if cfg.get("STREAM_GEMV") and half % (groups * G) == 0:
-            return _int4_gemv_stream_call(x, packed, scale_min, G, cfg, groups)
         if cfg.get("WORDS"):
             bn, split, per = _gemv_grid(cfg, N, K // 8, groups * G // 4, x.device)
             y, part, cnt = added_in_kernel(x, M, N, split, triton.cdiv(N, bn))
@@ -927,27 +846,6 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
         GROUPS=groups, MAGIC=cfg["MAGIC"], PARTIAL=split > 1, SWAP=cfg.get("SWAP", 0),
         **_launch_opts(cfg, x.device))
     return finish_splits(y, out, split)
-
-
-def _int4_gemv_stream_call(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
-                           G: int, cfg: dict, groups: int) -> torch.Tensor:
-    """One token through ``_int4_gemv_stream``: BLOCK_N-row blocks, steps of ``groups``
-    groups, on ``STREAM_GEMV`` programs per multiprocessor (fewer where there are fewer
-    units)."""
-    K = x.shape[1]
-    N, bn = packed.shape[0], cfg["BLOCK_N"]
-    blocks, steps = triton.cdiv(N, bn), (K // 2) // (groups * G)
-    if blocks > COUNTERS:
-        raise ValueError(f"{blocks} row blocks for the stream GEMV: at most {COUNTERS}")
-    programs = min(blocks * steps, cfg["STREAM_GEMV"] * multiprocessors(x.device, 132))
-    y = torch.empty(1, N, device=x.device, dtype=x.dtype)
-    part = torch.empty(programs * 2 * bn, device=x.device, dtype=torch.float32)
-    _int4_gemv_stream[(programs,)](
-        x, packed.view(torch.int32), scale_min, y, part, counters(x.device), N, K, K // 8,
-        steps, blocks * steps, G=G, BLOCK_N=bn, GROUPS=groups, EVEN=N % bn == 0,
-        STAGES=cfg.get("STAGES", 1), BF16=x.dtype == scale_min.dtype == torch.bfloat16,
-        FLAT=cfg.get("FLAT", 0), **_launch_opts(cfg, x.device))
-    return y
 
 
 def _int4_stream(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor, G: int,

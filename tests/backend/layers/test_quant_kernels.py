@@ -50,9 +50,6 @@ _CHECK = textwrap.dedent("""
               # or K split (up to 8 ways) with fp32 partial sums; pipelined loads
               dict(BLOCK_N=16, BYTES=32, MAGIC=1, WORDS=1, PROGRAMS_PER_SM=2, SPLIT_GEMV=1,
                    STAGES=3, num_warps=4, num_stages=3)]
-    # or as stream-K: one or two groups a step, pipelined or not
-    gemv4 += [dict(BLOCK_N=16, BYTES=by, MAGIC=1, WORDS=1, STREAM_GEMV=1, STAGES=st, FLAT=fl,
-                   num_warps=2, num_stages=3) for by, st, fl in ((32, 3, 0), (64, 1, 1))]
     gemm4 = [dict(BLOCK_N=16, GROUPS=gr, SPLIT_K=sk, MAGIC=m, SWAP=sw, num_warps=4,
                   num_stages=3)
              for gr, sk, m, sw in ((1, 1, 0, 0), (2, 2, 3, 1), (1, 0, 2, 1), (2, 3, 0, 1))]
@@ -79,8 +76,6 @@ _CHECK = textwrap.dedent("""
     # output, on tiles that do and do not divide the shape, with the default configs
     words4 = [dict(BLOCK_N=16, BYTES=128, MAGIC=1, WORDS=1, STAGES=st, PROGRAMS_PER_SM=4,
                    SPLIT_GEMV=1, num_warps=2, num_stages=3) for st in (1, 3)]
-    words4 += [dict(BLOCK_N=16, BYTES=128, MAGIC=1, WORDS=1, STREAM_GEMV=1, STAGES=3, FLAT=fl,
-                    num_warps=2, num_stages=3) for fl in (0, 1)]
     for N, K, G in ((64, 512, 32), (40, 1024, 128), (64, 768, 128)):
         g = quantize_int4(torch.randn(N, K, generator=gen) * 0.05, G)
         packed = qk.pack_int4(g.codes)
@@ -90,21 +85,6 @@ _CHECK = textwrap.dedent("""
         for cfg in [None] + gemv4 + words4:
             y = qk.int4_matmul(x, packed, sm, G, cfg).float()
             assert ((y - ref).abs().max() / ref.abs().max()).item() < 2e-2, (N, K, G, cfg)
-    # the stream GEMV on grids of fewer programs than units (the interpreter's 132
-    # multiprocessors give every unit its own program): a program's range spanning blocks,
-    # starting and ending inside them; the same sums whatever the grid, the counters left at 0
-    cfg = dict(BLOCK_N=16, BYTES=128, MAGIC=1, WORDS=1, STREAM_GEMV=1, STAGES=3,
-               num_warps=2, num_stages=3)
-    for N, K in ((80, 1024), (40, 512)):  # 5 blocks of 4 steps; 3 of 2, the last partial
-        g = quantize_int4(torch.randn(N, K, generator=gen) * 0.05, 128)
-        packed, sm = qk.pack_int4(g.codes), qk.pack_scale_min(g.scale, g.min)
-        x = torch.randn(1, K, generator=gen)
-        for sms in (1, 3, 6, 7, 19):
-            qk.multiprocessors = lambda device, default, n=sms: n
-            for flat in (0, 1):  # a loop per block, or one across blocks
-                close(qk.int4_matmul(x, packed, sm, 128, dict(cfg, FLAT=flat)),
-                      x @ g.dequantize().t())
-    assert not qk.counters(torch.device("cpu")).any()
     print("ok")
 """)
 

@@ -77,25 +77,3 @@ def test_int4_stream_k_matches_the_reference_and_resets_its_counters() -> None:
         again = quant_kernels.int4_matmul(x, packed, sm, G, cfg)
         assert torch.equal(first, again)
         assert int(splits.counters(x.device).abs().sum()) == 0
-
-
-def test_int4_stream_gemv_matches_the_reference_and_resets_its_counters(monkeypatch) -> None:
-    """The one-token stream GEMV over more (row block, step) units than programs (200 rows:
-    13 blocks, the last cut short, x 8 steps on 5 programs): ranges that start and end
-    inside blocks and span several; repeated calls give the same bits and leave the
-    counters at zero."""
-    monkeypatch.setattr(quant_kernels, "multiprocessors", lambda device, default: 5)
-    g = torch.Generator().manual_seed(2)
-    N, K, G = 200, 512, 32
-    i4 = quantize_int4(torch.randn(N, K, generator=g) * 0.05, G)
-    packed = quant_kernels.pack_int4(i4.codes).to(DEVICE)
-    sm = quant_kernels.pack_scale_min(i4.scale, i4.min).to(DEVICE)
-    x = torch.randn(1, K, generator=g).to(DEVICE)
-    want = x.float() @ quant_kernels.dequantize_int4(packed, sm, G).float().t()
-    for flat in (0, 1):  # a loop per block, or one across blocks
-        cfg = dict(BLOCK_N=16, BYTES=32, MAGIC=1, WORDS=1, STREAM_GEMV=1, STAGES=3, FLAT=flat,
-                   num_warps=2, num_stages=3)
-        first = quant_kernels.int4_matmul(x, packed, sm, G, cfg)
-        torch.testing.assert_close(first.float(), want, atol=1e-4, rtol=1e-4)
-        assert torch.equal(first, quant_kernels.int4_matmul(x, packed, sm, G, cfg))
-        assert int(splits.counters(x.device).abs().sum()) == 0

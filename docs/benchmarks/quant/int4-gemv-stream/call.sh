@@ -1,5 +1,6 @@
 #!/bin/bash
-# One device call: the stream-K int4 g128 one-token GEMV probe against the committed GEMV
+# One device call: the stream-K int4 g128 one-token GEMV (out of the tree: stream-gemv.patch,
+# applied here first) against the committed GEMV
 # (per Llama-2-7B shape, then the engine's batch-1 step alternating in one process), the split
 # GEMVs' tests on CUDA, then the CPU kernels' tests on this host's CPU (AVX-512 where the
 # 2-core VM has AVX2 alone).
@@ -7,6 +8,7 @@
 export PYTHONUNBUFFERED=1
 source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
 D=docs/benchmarks/quant/int4-gemv-stream
+git apply $D/stream-gemv.patch 2>/dev/null || patch -p1 -N < $D/stream-gemv.patch || exit 1
 date -u
 timeout ${PROBE_S:-360} python3 $D/stream_probe.py $OUT/stream.json 2>&1 | grep -v -i warn \
   | tee $OUT/stream.log | tail -30

@@ -2,7 +2,8 @@
 bundled ptxas and cuobjdump): registers a thread, shared memory, and the loop's loads that
 go through the cp.async pipeline (LDGSTS) against plain global loads (LDG), for the
 word-wise GEMV of the default config and the stream GEMV with a loop per block and with
-one loop across blocks (FLAT). 64 rows a program, two warps, three stages, bf16 x.
+one loop across blocks (FLAT; both need ``stream-gemv.patch`` applied). 64 rows a program,
+two warps, three stages, bf16 x.
 
     PYTHONPATH=. python docs/benchmarks/quant/int4-gemv-stream/sass.py OUT_JSON
 """

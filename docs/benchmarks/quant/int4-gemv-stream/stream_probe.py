@@ -3,6 +3,7 @@
 a grid of blocks (the default config): per Llama-2-7B shape, codes and records rotated past
 L2 (benchmarks.quant_sweep's Weights), us; then the engine's int4 batch-1 step with the
 default and with the stream variant of the best block total, alternating in one process.
+Needs ``stream-gemv.patch`` applied (``call.sh`` applies it).
 
     [VARIANTS=name,...] [ROUNDS=2] python stream_probe.py OUT_JSON
 """
