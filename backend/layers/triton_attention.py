@@ -712,8 +712,14 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch
 # (22 against 7). Longer contexts split as before (at 2,048 tokens unsplit took 79 against
 # 11 us at batch 1). The quantised caches' unsplit tile is one warp a program, made for
 # large batches: an eager int8 step at batch 8 lost on the GPU what the host saved (ablation
-# row 4, docs/BENCHMARKS.md "The eager step's host cost"), so they split as before.
+# row 4, docs/BENCHMARKS.md "The eager step's host cost"), so they split as before unless
+# listed in ``EAGER_UNSPLIT``.
 EAGER_UNSPLIT_MAX_TOKENS = 1024
+# The cache kinds decoded unsplit outside CUDA graphs (up to EAGER_UNSPLIT_MAX_TOKENS), each
+# with the (tile, rows mode) of a grid of fewer than two programs a multiprocessor (a small
+# batch; None: the kind's unsplit tile and rows mode). A kind not listed splits as inside
+# graphs.
+EAGER_UNSPLIT: dict[str, tuple[tuple[int, int, int], int] | None] = {"auto": None}
 
 
 def decode_splits(batch: int, kv_heads: int, max_context: int | None,
@@ -722,12 +728,12 @@ def decode_splits(batch: int, kv_heads: int, max_context: int | None,
     """Splits of each context so that batch x kv_heads x splits fills the GPU about twice.
     Depends on the batch only inside CUDA graphs (``max_context`` None: a graph fixes it
     per batch size). Outside them capped by the longest context (no split without a tile
-    of ``block_n`` tokens to work on), and a bf16 cache's contexts up to
-    ``EAGER_UNSPLIT_MAX_TOKENS`` are not split."""
+    of ``block_n`` tokens to work on), and the contexts of the kinds in ``EAGER_UNSPLIT``
+    up to ``EAGER_UNSPLIT_MAX_TOKENS`` are not split."""
     sms = multiprocessors(device, 2)
     splits = min(16, triton.next_power_of_2(-(-2 * sms // (batch * kv_heads))))
     if max_context is not None:
-        if kv_cache_dtype == "auto" and max_context <= EAGER_UNSPLIT_MAX_TOKENS:
+        if kv_cache_dtype in EAGER_UNSPLIT and max_context <= EAGER_UNSPLIT_MAX_TOKENS:
             return 1
         splits = min(splits, triton.next_power_of_2(-(-max_context // block_n)))
     return max(1, splits)
@@ -749,6 +755,11 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
     kvh = cache.shape[2]
     group = H // kvh
     tile_n, tile_warps, tile_stages = decode_tile(kv_cache_dtype, num_splits)
+    few = EAGER_UNSPLIT.get(kv_cache_dtype) if num_splits == 1 else None
+    if few is not None and B * kvh < 2 * multiprocessors(q.device, 2):
+        # an unsplit grid of a small batch (outside graphs): its own tile and rows mode
+        (tile_n, tile_warps, tile_stages), few_rows = few
+        rows = few_rows if rows is None else rows
     block_n = block_n or tile_n
     num_warps = num_warps or tile_warps
     num_stages = num_stages or tile_stages

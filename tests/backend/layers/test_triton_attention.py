@@ -475,3 +475,45 @@ def test_decode_splits_outside_graphs() -> None:
     assert triton_attention.decode_splits(1, 1, 544, cpu, "int8") == graphed
     assert triton_attention.decode_splits(1, 1, 100, cpu, "int8") == 2  # two 64-token tiles
     assert triton_attention.decode_splits(8, 1, 100 * most, cpu) == 1  # the batch fills it
+
+
+def test_a_kind_listed_for_eager_unsplit_takes_its_small_batch_tile(monkeypatch) -> None:
+    """``EAGER_UNSPLIT``: a quantised kind listed there decodes unsplit outside graphs up to
+    ``EAGER_UNSPLIT_MAX_TOKENS``; a grid of fewer than two programs a multiprocessor (the
+    CPU counts 2) then takes the listed tile and rows mode, a larger one the kind's unsplit
+    tile. Each against the reference."""
+    cpu, most = torch.device("cpu"), triton_attention.EAGER_UNSPLIT_MAX_TOKENS
+    assert triton_attention.decode_splits(1, 1, 544, cpu, "int8") > 1  # not listed: splits
+    monkeypatch.setitem(triton_attention.EAGER_UNSPLIT, "int8", ((16, 2, 2), 0))
+    assert triton_attention.decode_splits(1, 1, 544, cpu, "int8") == 1
+    assert triton_attention.decode_splits(1, 1, most + 1, cpu, "int8") > 1
+    assert triton_attention.decode_splits(1, 1, None, cpu, "int8") > 1  # graphs split
+    launched = []
+    real = triton_attention._decode_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launched.append((kw["BLOCK_N"], kw["num_warps"], kw["num_stages"], kw["ROWS"]))
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(triton_attention, "_decode_kernel", Spy())
+    gen = torch.Generator().manual_seed(12)
+    kvh, hd = 1, 64
+    unsplit_n, unsplit_w, unsplit_s = triton_attention.DECODE_TILES["int8"][1]
+    big = (unsplit_n, unsplit_w, unsplit_s, triton_attention.DECODE_ROWS["int8"][1])
+    for lens, want in (([BS + 3], (16, 2, 2, 0)), ([BS + 3, 30, 7, 21], big)):
+        cache = _cache(kvh, hd, torch.bfloat16, "int8")
+        tables = _tables(lens, cache.num_blocks, gen)
+        _fill(cache, tables, lens, gen)
+        q = torch.randn(len(lens), kvh, hd, generator=gen).to(torch.bfloat16)
+        out = torch.empty_like(q)
+        triton_attention.paged_decode(q, cache.data[0], cache.scales[0], tables,
+                                      torch.tensor(lens, dtype=torch.int32), out, hd ** -0.5,
+                                      BS, "int8", 1)
+        assert launched.pop() == want
+        for i, n in enumerate(lens):
+            k, v = _context(cache, tables[i], n)
+            ref = _reference(q[i:i + 1], k, v, n - 1)[0]
+            torch.testing.assert_close(out[i].float(), ref.float(), atol=3e-2, rtol=3e-2)

@@ -1,0 +1,21 @@
+"""The ablation's eager int8 row(s) with the int8 cache split as today (``off``) or decoded
+unsplit outside graphs on the probe's best small-batch tile (``on``:
+``triton_attention.EAGER_UNSPLIT["int8"]``), in this process.
+
+    python docs/benchmarks/step/eager-int8/ab.py off|on PROBE_JSON OUT_PREFIX [ROWS]
+"""
+import json
+import sys
+
+from backend.layers import triton_attention as ta
+from benchmarks import ablation
+
+mode, probe, prefix = sys.argv[1:4]
+rows = sys.argv[4] if len(sys.argv) > 4 else "4"
+if mode == "on":
+    tile, r = json.load(open(probe))["best"]
+    ta.EAGER_UNSPLIT["int8"] = (tuple(tile), r)
+print("EAGER_UNSPLIT", ta.EAGER_UNSPLIT, flush=True)
+sys.exit(ablation.main(["--model", "synthetic:llama-2-7b", "--device", "cuda", "--no-compile",
+                        "--rows", rows, "--json", prefix + ".json",
+                        "--markdown", prefix + ".md"]))
