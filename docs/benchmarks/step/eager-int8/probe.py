@@ -5,9 +5,10 @@ GPU µs in a CUDA graph (no host in it), host µs a call (launches queued, no sy
 each candidate's largest difference from the split output. The candidate with the least
 GPU time at batch 8 x 544 tokens (the ablation's row 4) is written as ``best``.
 
-    python docs/benchmarks/step/eager-int8/probe.py OUT_JSON
+    [BATCHES=1,4,8,16] [CONTEXTS=544,1024] python docs/benchmarks/step/eager-int8/probe.py OUT_JSON
 """
 import json
+import os
 import sys
 import time
 
@@ -40,8 +41,8 @@ def host_us(fn, reps: int = 300) -> float:
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
        "triton": triton.__version__, "candidates": CANDIDATES, "rows": []}
 gen = torch.Generator(device=dev).manual_seed(0)
-for batch in (1, 4, 8, 16):
-    for ctx in (544, 1024):
+for batch in map(int, os.environ.get("BATCHES", "1,4,8,16").split(",")):
+    for ctx in map(int, os.environ.get("CONTEXTS", "544,1024").split(",")):
         per = -(-ctx // bs)
         cache = KVCache(1, batch * per, bs, H, hd, torch.bfloat16, "int8", dev)
         cache.data.copy_(torch.randint(-127, 128, cache.data.shape, device=dev,
