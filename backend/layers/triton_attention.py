@@ -710,16 +710,18 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch
 # partial buffers: 55 against 29 us of host time a layer (batch 8, context 100, H200),
 # against 11 us of GPU time at batch 8 x 544 tokens (34 against 23 us) and 15 at batch 1
 # (22 against 7). Longer contexts split as before (at 2,048 tokens unsplit took 79 against
-# 11 us at batch 1). The quantised caches' unsplit tile is one warp a program, made for
-# large batches: an eager int8 step at batch 8 lost on the GPU what the host saved (ablation
-# row 4, docs/BENCHMARKS.md "The eager step's host cost"), so they split as before unless
-# listed in ``EAGER_UNSPLIT``.
+# 11 us at batch 1).
 EAGER_UNSPLIT_MAX_TOKENS = 1024
 # The cache kinds decoded unsplit outside CUDA graphs (up to EAGER_UNSPLIT_MAX_TOKENS), each
 # with the (tile, rows mode) of a grid of fewer than two programs a multiprocessor (a small
 # batch; None: the kind's unsplit tile and rows mode). A kind not listed splits as inside
-# graphs.
-EAGER_UNSPLIT: dict[str, tuple[tuple[int, int, int], int] | None] = {"auto": None}
+# graphs. int8: the unsplit tile (one warp a program, made for batches of 64-128) lost on
+# the GPU at batch 8 what the host saved (docs/BENCHMARKS.md "The eager step's host cost");
+# 128 tokens on 8 warps with the CUDA-core rows took 16.4 us of GPU time against the split
+# grid's 20.4 at batch 8 x 544 on an H100, and 29-45 against 72-81 us of host time a call
+# (batch 1: 12.2 against 8.5 us GPU, 42 against 69 host; 4 x 1,024: 19.2 against 16.4 GPU).
+EAGER_UNSPLIT: dict[str, tuple[tuple[int, int, int], int] | None] = {
+    "auto": None, "int8": ((128, 8, 3), 3)}
 
 
 def decode_splits(batch: int, kv_heads: int, max_context: int | None,

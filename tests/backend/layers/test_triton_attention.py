@@ -462,18 +462,19 @@ def test_int8_decode_defaults_to_the_rows_path_on_unsplit_grids_only(monkeypatch
 
 def test_decode_splits_outside_graphs() -> None:
     """Inside CUDA graphs (no host context) the splits fill the GPU for the batch. A step
-    run outside them decodes a bf16 cache unsplit up to ``EAGER_UNSPLIT_MAX_TOKENS`` (the
-    merge's launch costs the host more than the split saves the GPU) and splits longer
-    contexts as graphs do; the quantised caches split as graphs do, capped by the context's
-    tiles."""
+    run outside them decodes a bf16 or int8 cache unsplit up to ``EAGER_UNSPLIT_MAX_TOKENS``
+    (the merge's launch costs the host more than the split saves the GPU) and splits longer
+    contexts as graphs do; fp8 caches split as graphs do, capped by the context's tiles."""
     cpu, most = torch.device("cpu"), triton_attention.EAGER_UNSPLIT_MAX_TOKENS
     graphed = triton_attention.decode_splits(1, 1, None, cpu)  # 2 "SMs" off CUDA: 4
     assert graphed == 4
     assert triton_attention.decode_splits(1, 1, 544, cpu) == 1
     assert triton_attention.decode_splits(1, 1, most, cpu) == 1
     assert triton_attention.decode_splits(1, 1, most + 1, cpu) == graphed
-    assert triton_attention.decode_splits(1, 1, 544, cpu, "int8") == graphed
-    assert triton_attention.decode_splits(1, 1, 100, cpu, "int8") == 2  # two 64-token tiles
+    assert triton_attention.decode_splits(1, 1, 544, cpu, "int8") == 1
+    assert triton_attention.decode_splits(1, 1, most + 1, cpu, "int8") == graphed
+    assert triton_attention.decode_splits(1, 1, 544, cpu, "fp8_e4m3") == graphed
+    assert triton_attention.decode_splits(1, 1, 100, cpu, "fp8_e4m3") == 2  # two 64-token tiles
     assert triton_attention.decode_splits(8, 1, 100 * most, cpu) == 1  # the batch fills it
 
 
@@ -483,6 +484,8 @@ def test_a_kind_listed_for_eager_unsplit_takes_its_small_batch_tile(monkeypatch)
     CPU counts 2) then takes the listed tile and rows mode, a larger one the kind's unsplit
     tile. Each against the reference."""
     cpu, most = torch.device("cpu"), triton_attention.EAGER_UNSPLIT_MAX_TOKENS
+    default = triton_attention.EAGER_UNSPLIT["int8"]
+    monkeypatch.delitem(triton_attention.EAGER_UNSPLIT, "int8")
     assert triton_attention.decode_splits(1, 1, 544, cpu, "int8") > 1  # not listed: splits
     monkeypatch.setitem(triton_attention.EAGER_UNSPLIT, "int8", ((16, 2, 2), 0))
     assert triton_attention.decode_splits(1, 1, 544, cpu, "int8") == 1
@@ -503,7 +506,11 @@ def test_a_kind_listed_for_eager_unsplit_takes_its_small_batch_tile(monkeypatch)
     kvh, hd = 1, 64
     unsplit_n, unsplit_w, unsplit_s = triton_attention.DECODE_TILES["int8"][1]
     big = (unsplit_n, unsplit_w, unsplit_s, triton_attention.DECODE_ROWS["int8"][1])
-    for lens, want in (([BS + 3], (16, 2, 2, 0)), ([BS + 3, 30, 7, 21], big)):
+    small = ((16, 2, 2), 0)
+    for entry, lens, want in ((small, [BS + 3], (16, 2, 2, 0)),
+                              (default, [BS + 3], (*default[0], default[1])),
+                              (small, [BS + 3, 30, 7, 21], big)):
+        monkeypatch.setitem(triton_attention.EAGER_UNSPLIT, "int8", entry)
         cache = _cache(kvh, hd, torch.bfloat16, "int8")
         tables = _tables(lens, cache.num_blocks, gen)
         _fill(cache, tables, lens, gen)

@@ -1,8 +1,9 @@
 #!/bin/bash
 # One device call: the eager int8 decode attention's candidates (probe.py), then the
-# ablation's row 4 (ROWS) with the int8 cache split as today and unsplit on the probe's best
-# tile, alternating (each run its own process), then where an eager step's host time goes
-# in rows 3 and 4 (../eager-host/probe.py, the tree as committed). Into $OUT/ei8.
+# ablation's row 4 (ROWS) with the int8 cache split (the rule before) and unsplit on the
+# probe's best tile, alternating (each run its own process), then where an eager step's
+# host time goes in rows 3 and 4 (../eager-host/probe.py, the tree as committed). Into
+# $OUT/ei8.
 #   bash docs/benchmarks/step/eager-int8/call.sh        (carry .whl)
 set -u
 export PYTHONUNBUFFERED=1
