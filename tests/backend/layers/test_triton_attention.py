@@ -425,21 +425,28 @@ def test_decode_rows_path_matches_the_dot_path_and_the_reference(kind: str,
                                        rtol=tol)
 
 
-def test_int8_decode_defaults_to_the_rows_path_on_unsplit_grids_only(monkeypatch) -> None:
-    """``DECODE_ROWS``: an int8 cache's unsplit grid of one query head per KV head takes
-    the CUDA-core path by default (one row, no padding), a split grid and a GQA group the
-    tl.dot path (the group padded to 16 rows); each against the reference."""
-    launched = []
+def _spy_decode_launches(monkeypatch, *keys: str) -> list[tuple]:
+    """Every ``_decode_kernel`` launch from here on runs as before and appends its keyword
+    arguments ``keys`` as a tuple to the list returned."""
+    launched: list[tuple] = []
     real = triton_attention._decode_kernel
 
     class Spy:
         def __getitem__(self, grid):
             def launch(*args, **kw):
-                launched.append((kw["ROWS"], kw["G_PAD"]))
+                launched.append(tuple(kw[k] for k in keys))
                 return real[grid](*args, **kw)
             return launch
 
     monkeypatch.setattr(triton_attention, "_decode_kernel", Spy())
+    return launched
+
+
+def test_int8_decode_defaults_to_the_rows_path_on_unsplit_grids_only(monkeypatch) -> None:
+    """``DECODE_ROWS``: an int8 cache's unsplit grid of one query head per KV head takes
+    the CUDA-core path by default (one row, no padding), a split grid and a GQA group the
+    tl.dot path (the group padded to 16 rows); each against the reference."""
+    launched = _spy_decode_launches(monkeypatch, "ROWS", "G_PAD")
     gen = torch.Generator().manual_seed(11)
     kvh, hd, lens = 2, 64, [BS + 3, 30]
     cache = _cache(kvh, hd, torch.bfloat16, "int8")
@@ -491,17 +498,7 @@ def test_a_kind_listed_for_eager_unsplit_takes_its_small_batch_tile(monkeypatch)
     assert triton_attention.decode_splits(1, 1, 544, cpu, "int8") == 1
     assert triton_attention.decode_splits(1, 1, most + 1, cpu, "int8") > 1
     assert triton_attention.decode_splits(1, 1, None, cpu, "int8") > 1  # graphs split
-    launched = []
-    real = triton_attention._decode_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                launched.append((kw["BLOCK_N"], kw["num_warps"], kw["num_stages"], kw["ROWS"]))
-                return real[grid](*args, **kw)
-            return launch
-
-    monkeypatch.setattr(triton_attention, "_decode_kernel", Spy())
+    launched = _spy_decode_launches(monkeypatch, "BLOCK_N", "num_warps", "num_stages", "ROWS")
     gen = torch.Generator().manual_seed(12)
     kvh, hd = 1, 64
     unsplit_n, unsplit_w, unsplit_s = triton_attention.DECODE_TILES["int8"][1]
