@@ -459,11 +459,11 @@ if triton is not None:
 
     @triton.jit
     def _stream_pieces(part_ptr, cnt_ptr, t, offs, P, STEPS, UNITS, SIZE: tl.constexpr):
-        """Tile t of the stream-K int4 GEMM, cut between programs, after
-        this program stored its piece (``offs`` in its slot of SIZE values): (whether this
-        program is the last of them to arrive, and then the pieces summed in program
-        order, so the sum does not depend on which arrives last; else zeros). The last
-        leaves t's arrival counter at 0 for the next launch. Partials: two slots per
+        """Tile t of the stream-K int4 GEMM, cut between programs, after this program
+        stored its piece (``offs`` in its slot of SIZE values): (whether this program is
+        the last of them to arrive, and then the pieces summed in program order, so the sum
+        does not depend on which arrives last; else zeros). The last leaves t's arrival
+        counter at 0 for the next launch. Partials: two slots per
         program (its first unit's piece, its last unit's), program p owning units
         [p UNITS / P, (p + 1) UNITS / P) of STEPS steps each."""
         tl.debug_barrier()  # every thread's piece is stored before the release
