@@ -724,6 +724,12 @@ EAGER_UNSPLIT: dict[str, tuple[tuple[int, int, int], int] | None] = {
     "auto": None, "int8": ((128, 8, 3), 3)}
 
 
+def _twice_the_gpu(device: torch.device) -> int:
+    """Programs that fill the GPU about twice (two a multiprocessor): the split rule's aim,
+    and the bound under which an unsplit grid takes its kind's small-batch tile."""
+    return 2 * multiprocessors(device, 2)
+
+
 def decode_splits(batch: int, kv_heads: int, max_context: int | None,
                   device: torch.device, kv_cache_dtype: str = "auto",
                   block_n: int = 64) -> int:
@@ -732,8 +738,7 @@ def decode_splits(batch: int, kv_heads: int, max_context: int | None,
     per batch size). Outside them capped by the longest context (no split without a tile
     of ``block_n`` tokens to work on), and the contexts of the kinds in ``EAGER_UNSPLIT``
     up to ``EAGER_UNSPLIT_MAX_TOKENS`` are not split."""
-    sms = multiprocessors(device, 2)
-    splits = min(16, triton.next_power_of_2(-(-2 * sms // (batch * kv_heads))))
+    splits = min(16, triton.next_power_of_2(-(-_twice_the_gpu(device) // (batch * kv_heads))))
     if max_context is not None:
         if kv_cache_dtype in EAGER_UNSPLIT and max_context <= EAGER_UNSPLIT_MAX_TOKENS:
             return 1
@@ -758,7 +763,7 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
     group = H // kvh
     tile_n, tile_warps, tile_stages = decode_tile(kv_cache_dtype, num_splits)
     few = EAGER_UNSPLIT.get(kv_cache_dtype) if num_splits == 1 else None
-    if few is not None and B * kvh < 2 * multiprocessors(q.device, 2):
+    if few is not None and B * kvh < _twice_the_gpu(q.device):
         # an unsplit grid of a small batch (outside graphs): its own tile and rows mode
         (tile_n, tile_warps, tile_stages), few_rows = few
         rows = few_rows if rows is None else rows
