@@ -1,0 +1,81 @@
+"""Host time of eager GPU work before and after one profiler capture in the same process.
+
+    python docs/benchmarks/step/after-profile/probe.py MODE [OUT.json]
+
+MODE: ``cuda`` (a StepProfiler capture with CUDA activities, as the ablation's rows and
+POST /debug/profile take), ``cpu`` (CPU activities only), ``warm`` (the profiler's one-time
+start and stop alone, as a server with --enable-profiling does at start-up) or ``none``.
+Timed: a torch elementwise op and one of our Triton kernels on a small tensor, launched
+back to back with no sync (the host is the bottleneck: the GPU work is a few us), the median
+of seven rounds of 2,000 launches, before and after. Run it with and without
+TEARDOWN_CUPTI=1 in the environment (Kineto then releases CUPTI when a capture stops).
+"""
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from backend.layers.fused_ops import silu_mul_triton
+from backend.profiling.capture import CaptureJob, StepProfiler
+
+N, ROUNDS = 2000, 7
+
+
+def per_launch_us(fn) -> float:
+    samples = []
+    for _ in range(ROUNDS):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(N):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        samples.append((t1 - t0) / N * 1e6)
+    return statistics.median(samples)
+
+
+def timings(x: torch.Tensor, gu: torch.Tensor) -> dict:
+    return {"torch_mul_us": round(per_launch_us(lambda: x.mul(1.0001)), 3),
+            "triton_silu_mul_us": round(per_launch_us(lambda: silu_mul_triton(gu)), 3)}
+
+
+def capture(cuda: bool, x: torch.Tensor) -> None:
+    prof, done = StepProfiler(), threading.Event()
+    prof.warm(cuda)
+    prof.start(CaptureJob(3, Path(tempfile.mkdtemp()), lambda r: done.set(), name="probe",
+                          cuda=cuda))
+    for _ in range(5):
+        if not prof.busy:
+            break
+        prof.run_step(lambda: [x.mul(1.0001) for _ in range(50)])
+    prof.stop_early()
+    done.wait(120)
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    gu = torch.randn(8, 2 * 4096, device="cuda", dtype=torch.bfloat16)
+    timings(x, gu)  # compile and warm
+    before = timings(x, gu)
+    if mode in ("cuda", "cpu"):
+        capture(mode == "cuda", x)
+    elif mode == "warm":
+        StepProfiler().warm(True)
+    after = timings(x, gu)
+    row = {"mode": mode, "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
+           "before": before, "after": after, "gpu": torch.cuda.get_device_name()}
+    print(json.dumps(row), flush=True)
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
