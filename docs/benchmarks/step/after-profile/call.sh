@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device call: eager launch cost before / after one profiler capture (probe.py), each mode
-# its own process, with and without TEARDOWN_CUPTI=1; then the ablation's rows 3-4 and the
-# whole table (batches 8-64) with TEARDOWN_CUPTI=1. Into $OUT/ap.tgz.
+# its own process, with CUPTI kept attached after a capture (TEARDOWN_CUPTI=0) and with the
+# capture's own setting (TEARDOWN_CUPTI=1 unless set); then the ablation's rows 3-4 and the whole
+# table (batches 8-64) with the default. Into $OUT/ap.tgz.
 #   bash docs/benchmarks/step/after-profile/call.sh        (carry .whl)
 set -u
 export PYTHONUNBUFFERED=1
@@ -11,12 +12,12 @@ save() { tar czf $OUT/ap.tgz -C $OUT ap; }
 P=docs/benchmarks/step/after-profile/probe.py
 date -u
 for mode in none warm cpu cuda; do
-  timeout 90 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -2
-  timeout 90 env TEARDOWN_CUPTI=1 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -2
+  timeout 60 env TEARDOWN_CUPTI=0 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -1
+  [ $mode = none ] || timeout 60 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -1
 done
 save
 abl() {  # tag rows seconds [extra args]
-  timeout $3 env TEARDOWN_CUPTI=${TD:-1} python3 -m benchmarks.ablation --model synthetic:llama-2-7b \
+  timeout $3 python3 -m benchmarks.ablation --model synthetic:llama-2-7b \
     --device cuda --no-compile --rows $2 "${@:4}" --json $D/ablation-$1.json \
     --markdown $D/ablation-$1.md > $D/ablation-$1.log 2>&1
   echo "== ablation $1 rc=$?"; grep "^| [0-9]" $D/ablation-$1.md 2>/dev/null | cut -c1-160
