@@ -4,6 +4,7 @@
 # capture's own setting (TEARDOWN_CUPTI=1 unless set); then the ablation's rows 3-4 and the whole
 # table (batches 8-64) with the default. Into $OUT/ap.tgz.
 #   bash docs/benchmarks/step/after-profile/call.sh        (carry .whl)
+#   MODES="none cuda" TABLE_ROWS=5,6 TABLE_S=90 bash ...    (a short call)
 set -u
 export PYTHONUNBUFFERED=1
 source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
@@ -11,7 +12,7 @@ D=$OUT/ap; mkdir -p $D
 save() { tar czf $OUT/ap.tgz -C $OUT ap; }
 P=docs/benchmarks/step/after-profile/probe.py
 date -u
-for mode in none warm cpu cuda; do
+for mode in ${MODES:-none warm cpu cuda}; do
   timeout 60 env TEARDOWN_CUPTI=0 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -1
   [ $mode = none ] || timeout 60 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -1
 done
@@ -25,5 +26,5 @@ abl() {  # tag rows seconds [extra args]
   save
 }
 for i in $(seq 1 ${PAIRS:-1}); do abl rows34-td-$i 3,4 80; done
-abl table-td 1,2,3,4,5,6,7 ${TABLE_S:-220} --batches 8,16,32,64
+abl table-td ${TABLE_ROWS:-1,2,3,4,5,6,7} ${TABLE_S:-220} --batches 8,16,32,64
 date -u
