@@ -30,6 +30,11 @@ GPU columns are "n/a" on the CPU, with the reason in the JSON.
 The last line compares TTFT p50 and TPOT p50 at row 7's point with their floors: one prompt
 alone and the decode bytes alone, then the floors at that load (``load_floors``: the prompts
 the closed loop puts into every step counted too).
+
+On CUDA each row runs in its own process (rows 6 and 7 in one: row 7 takes row 6's engine;
+``--isolate-rows``): a torch.profiler capture left the rest of its process launching slower,
+and every eager row measured after another row's capture ran about 2 ms a step (20 %) slower
+on an H100 (docs/BENCHMARKS.md, "A profiler capture slowed the rows after it").
 """
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ import argparse
 import gc
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -112,9 +119,75 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="default: prompt + output tokens rounded up to 256")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--isolate-rows", action=argparse.BooleanOptionalAction, default=None,
+                   help="each row in its own process, rows 6 and 7 in one (default: on "
+                        "CUDA, where a profiler capture slows the rest of its process)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--markdown", type=Path, default=None)
     return p.parse_args(argv)
+
+
+# options a row's own process gets from the run, not from the command line
+_PER_PROCESS = {"--rows": True, "--json": True, "--markdown": True, "--isolate-rows": False,
+                "--no-isolate-rows": False}
+
+
+def row_groups(wanted: list[int]) -> list[list[int]]:
+    """The rows one process each runs: every row alone, 7 with 6 (it measures 6's engine)."""
+    groups = [[i] for i in wanted if i != 7]
+    if 7 in wanted:
+        if groups and groups[-1] == [6]:
+            groups[-1].append(7)
+        else:
+            groups.append([7])
+    return groups
+
+
+def child_argv(argv: list[str]) -> list[str]:
+    """The run's arguments without those ``_PER_PROCESS`` sets."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _PER_PROCESS:
+            skip = _PER_PROCESS[name] and "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def run_isolated(a: argparse.Namespace, argv: list[str]) -> dict:
+    """``run`` with each group of ``row_groups`` in a fresh ``python -m benchmarks.ablation``;
+    their JSON merged. A group whose process fails gets failed rows with its exit status."""
+    t_start = time.perf_counter()
+    wanted = sorted({int(r) for r in a.rows.split(",")})
+    rows, tuned, check, metas = [], None, None, []
+    with tempfile.TemporaryDirectory(prefix="ablation-rows-") as tmp:
+        for group in row_groups(wanted):
+            out = Path(tmp) / f"rows-{'-'.join(map(str, group))}.json"
+            cmd = [sys.executable, "-m", "benchmarks.ablation", *child_argv(argv),
+                   "--rows", ",".join(map(str, group)), "--no-isolate-rows", "--json", str(out)]
+            print(f"rows {group}: own process", flush=True)
+            rc = subprocess.run(cmd).returncode
+            if rc != 0 or not out.exists():
+                reason = f"the rows' process exited with status {rc}"
+                for i in group:
+                    row = failed_row(reason)
+                    row.update(row=i, name=ROWS[i - 1][0], error=reason,
+                               article=ARTICLE.get(i, {}))
+                    rows.append(row)
+                continue
+            res = json.loads(out.read_text())
+            rows += res["rows"]
+            metas.append(res["meta"])
+            if 7 in group:
+                tuned, check = res["tuned"], res["floors_check"]
+    meta = dict(metas[0]) if metas else {"model": a.model, "device": a.device, "floors": None}
+    meta.update(wall_s=time.perf_counter() - t_start, isolated_rows=True,
+                floors_per_process=[m["floors"] for m in metas])
+    return {"meta": meta, "rows": rows, "tuned": tuned, "floors_check": check}
 
 
 def policies(names: str, prompt_tokens: int) -> dict[str, dict]:
@@ -424,9 +497,11 @@ def final_line(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
     torch.manual_seed(a.seed)
-    res = run(a)
+    isolate = a.isolate_rows if a.isolate_rows is not None else a.device.startswith("cuda")
+    res = run_isolated(a, argv) if isolate else run(a)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(res, indent=1) + "\n")

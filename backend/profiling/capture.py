@@ -11,7 +11,6 @@ steps and name the range that owns the GPU's idle time.
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import threading
 import time
@@ -55,12 +54,6 @@ def _new_profiler(cuda: bool) -> tuple[profile, str | None]:
     """A profiler over every thread (so server-side ranges such as detokenize land in the
     trace too) where this torch can; else the engine thread only, with a note why."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    if cuda:
-        # Kineto leaves CUPTI attached when a capture stops unless TEARDOWN_CUPTI=1, and
-        # every later kernel launch of the process pays for it: eager decode steps of a 7B
-        # model ran about 2 ms (20 %) slower after one capture (docs/BENCHMARKS.md, "A
-        # profiler capture slowed every later eager step"). An explicit setting is kept.
-        os.environ.setdefault("TEARDOWN_CUPTI", "1")
     # trace_only: stop() skips building Python event objects (only the exported trace is
     # read), which shortens the stop the engine thread waits for; newer torch only.
     for options in ({"profile_all_threads": True, "trace_only": True},

@@ -7,6 +7,7 @@ the interpreter) and the layer pieces compiled ahead of time where built."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 from benchmarks import ablation
 from benchmarks.roofline import Floors, StepCost
@@ -79,3 +80,39 @@ def test_the_floors_at_this_load_add_the_prompts_each_step_carries() -> None:
     # one client: bandwidth-bound, the decode bytes' floor
     one = ablation.load_floors(cost, floors, 1, 16, 64, ttft_ms=5.0, tpot_ms=4.0)
     assert abs(one["step_floor_ms"] - (12e9 + 250_000 * 48) / 4e12 * 1e3) < 1e-9
+
+
+def test_rows_in_their_own_processes_are_merged_into_one_table(tmp_path, monkeypatch) -> None:
+    """--isolate-rows (the default on CUDA): rows 1 and 3 each in a fresh process, one JSON;
+    a row whose process fails (injected: row 3's exits with status 3) keeps its place with
+    the exit status as its reason."""
+    real_run = ablation.subprocess.run
+
+    def run(cmd, *args, **kw):
+        if cmd[cmd.index("--rows") + 1] == "3":
+            return subprocess.CompletedProcess(cmd, 3)
+        return real_run(cmd, *args, **kw)
+    monkeypatch.setattr(ablation.subprocess, "run", run)
+    out, md = tmp_path / "ablation.json", tmp_path / "ablation.md"
+    assert ablation.main([
+        "--model", "synthetic:tiny", "--rows", "1,3", "--prompt-tokens", "16",
+        "--output-tokens", "4", "--requests", "2", "--batch1-requests", "2",
+        "--concurrency", "2", "--no-compile", "--max-model-len", "64",
+        "--kv-cache-memory", "0.02", "--weights-dtype", "bf16", "--isolate-rows",
+        "--json", str(out), "--markdown", str(md)]) == 0
+    res = json.loads(out.read_text())
+    assert [r["row"] for r in res["rows"]] == [1, 3]
+    assert res["meta"]["isolated_rows"] and len(res["meta"]["floors_per_process"]) == 1
+    first, broken = res["rows"]
+    assert first["concurrency"] == 1 and first["tpot_p50_ms"] > 0
+    assert broken["tpot_p50_ms"] is None and broken["error"].endswith("status 3")
+    assert sum(line.startswith("| ") for line in md.read_text().splitlines()) == 3  # header, 2 rows
+
+
+def test_row_groups_keep_row_7_with_row_6_and_children_get_their_own_rows() -> None:
+    assert ablation.row_groups([1, 2, 6, 7]) == [[1], [2], [6, 7]]
+    assert ablation.row_groups([5, 7]) == [[5], [7]]
+    assert ablation.row_groups([3]) == [[3]]
+    argv = ["--rows", "1,3", "--json=x.json", "--isolate-rows", "--seed", "1",
+            "--markdown", "m.md", "--no-compile"]
+    assert ablation.child_argv(argv) == ["--seed", "1", "--no-compile"]

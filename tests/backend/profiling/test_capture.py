@@ -2,7 +2,6 @@
 model, and around a step built of sleeps inside named ranges."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -126,15 +125,3 @@ def test_a_second_start_while_busy_is_refused(tmp_path):
     _, got, done = capture(prof, 5, tmp_path)
     assert done.wait(1) and isinstance(got[0], RuntimeError)
     prof.stop_early()
-
-
-def test_a_cuda_profiler_has_kineto_release_cupti_unless_told_otherwise(monkeypatch):
-    from backend.profiling.capture import _new_profiler
-    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
-    _new_profiler(False)
-    assert "TEARDOWN_CUPTI" not in os.environ  # a CPU capture leaves the setting alone
-    _new_profiler(True)
-    assert os.environ["TEARDOWN_CUPTI"] == "1"
-    monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # an operator's explicit choice is kept
-    _new_profiler(True)
-    assert os.environ["TEARDOWN_CUPTI"] == "0"

@@ -1,8 +1,8 @@
 #!/bin/bash
 # One device call: eager launch cost before / after one profiler capture (probe.py), each mode
-# its own process, with CUPTI kept attached after a capture (TEARDOWN_CUPTI=0) and with the
-# capture's own setting (TEARDOWN_CUPTI=1 unless set); then the ablation's rows 3-4 and the whole
-# table (batches 8-64) with the default. Into $OUT/ap.tgz.
+# its own process, as torch leaves it and with TEARDOWN_CUPTI=1 (Kineto then releases CUPTI
+# when a capture stops; not yet tried here beside CUDA graphs); then the ablation's rows 3-4
+# in one process (--no-isolate-rows) and rows 5-7 in one, with TEARDOWN_CUPTI=1. Into $OUT/ap.tgz.
 #   bash docs/benchmarks/step/after-profile/call.sh        (carry .whl)
 #   MODES="none cuda" TABLE_ROWS=5,6 TABLE_S=90 bash ...    (a short call)
 set -u
@@ -13,18 +13,18 @@ save() { tar czf $OUT/ap.tgz -C $OUT ap; }
 P=docs/benchmarks/step/after-profile/probe.py
 date -u
 for mode in ${MODES:-none warm cpu cuda}; do
-  timeout 60 env TEARDOWN_CUPTI=0 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -1
-  [ $mode = none ] || timeout 60 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -1
+  timeout 60 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -1
+  [ $mode = none ] || timeout 60 env TEARDOWN_CUPTI=1 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -1
 done
 save
 abl() {  # tag rows seconds [extra args]
-  timeout $3 python3 -m benchmarks.ablation --model synthetic:llama-2-7b \
-    --device cuda --no-compile --rows $2 "${@:4}" --json $D/ablation-$1.json \
+  timeout $3 env TEARDOWN_CUPTI=1 python3 -m benchmarks.ablation --model synthetic:llama-2-7b \
+    --device cuda --no-compile --no-isolate-rows --rows $2 "${@:4}" --json $D/ablation-$1.json \
     --markdown $D/ablation-$1.md > $D/ablation-$1.log 2>&1
   echo "== ablation $1 rc=$?"; grep "^| [0-9]" $D/ablation-$1.md 2>/dev/null | cut -c1-160
   grep -iE "error|Traceback|Segmentation" $D/ablation-$1.log | tail -3
   save
 }
 for i in $(seq 1 ${PAIRS:-1}); do abl rows34-td-$i 3,4 80; done
-abl table-td ${TABLE_ROWS:-1,2,3,4,5,6,7} ${TABLE_S:-220} --batches 8,16,32,64
+abl table-td ${TABLE_ROWS:-5,6,7} ${TABLE_S:-150} --batches 8,16,32,64
 date -u

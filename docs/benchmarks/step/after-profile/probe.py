@@ -7,9 +7,8 @@ POST /debug/profile take), ``cpu`` (CPU activities only), ``warm`` (the profiler
 start and stop alone, as a server with --enable-profiling does at start-up) or ``none``.
 Timed: a torch elementwise op and one of our Triton kernels on a small tensor, launched
 back to back with no sync (the host is the bottleneck: the GPU work is a few us), the median
-of seven rounds of 2,000 launches, before and after. With TEARDOWN_CUPTI=0 in the
-environment Kineto keeps CUPTI attached after the capture; without it the capture sets 1
-(``backend.profiling.capture``) and Kineto releases CUPTI when the capture stops.
+of seven rounds of 2,000 launches, before and after. Run it as torch leaves Kineto and with
+TEARDOWN_CUPTI=1 in the environment (Kineto then releases CUPTI when a capture stops).
 """
 import json
 import os

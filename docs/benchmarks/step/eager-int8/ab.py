@@ -19,5 +19,5 @@ else:
     ta.EAGER_UNSPLIT.pop("int8", None)
 print("EAGER_UNSPLIT", ta.EAGER_UNSPLIT, flush=True)
 sys.exit(ablation.main(["--model", "synthetic:llama-2-7b", "--device", "cuda", "--no-compile",
-                        "--rows", rows, "--json", prefix + ".json",
+                        "--no-isolate-rows", "--rows", rows, "--json", prefix + ".json",
                         "--markdown", prefix + ".md"]))

@@ -14,7 +14,7 @@ flat = sys.argv[1] == "1"
 LlamaModel.flat_eager = flat
 out = f"{__import__('os').environ['OUT']}/ablation-rows34-{'flat' if flat else 'layers'}-{__import__('time').strftime('%H%M%S')}.json"
 sys.argv = ["ablation", "--model", "synthetic:llama-2-7b", "--device", "cuda", "--no-compile",
-            "--rows", "3,4", "--json", out]
+            "--no-isolate-rows", "--rows", "3,4", "--json", out]
 runpy.run_module("benchmarks.ablation", run_name="__main__")
 PY
 done
