@@ -7,8 +7,10 @@ POST /debug/profile take), ``cpu`` (CPU activities only), ``warm`` (the profiler
 start and stop alone, as a server with --enable-profiling does at start-up) or ``none``.
 Timed: a torch elementwise op and one of our Triton kernels on a small tensor, launched
 back to back with no sync (the host is the bottleneck: the GPU work is a few us), the median
-of seven rounds of 2,000 launches, before and after. Run it as torch leaves Kineto and with
-TEARDOWN_CUPTI=1 in the environment (Kineto then releases CUPTI when a capture stops).
+of seven rounds of 2,000 launches, before and after. Without CUDA it times the torch op on
+the CPU (20,000 calls a round) and captures CPU activities (modes cuda and cpu alike). On
+a GPU, run it as torch leaves Kineto and with TEARDOWN_CUPTI=1 in the environment (Kineto
+then releases CUPTI when a capture stops).
 """
 import json
 import os
@@ -27,29 +29,39 @@ from backend.profiling.capture import CaptureJob, StepProfiler
 N, ROUNDS = 2000, 7
 
 
-def per_launch_us(fn) -> float:
+CUDA = torch.cuda.is_available()
+
+
+def sync() -> None:
+    if CUDA:
+        torch.cuda.synchronize()
+
+
+def per_launch_us(fn, n: int) -> float:
     samples = []
     for _ in range(ROUNDS):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
-        for _ in range(N):
+        for _ in range(n):
             fn()
         t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        samples.append((t1 - t0) / N * 1e6)
+        sync()
+        samples.append((t1 - t0) / n * 1e6)
     return statistics.median(samples)
 
 
 def timings(x: torch.Tensor, gu: torch.Tensor) -> dict:
-    return {"torch_mul_us": round(per_launch_us(lambda: x.mul(1.0001)), 3),
-            "triton_silu_mul_us": round(per_launch_us(lambda: silu_mul_triton(gu)), 3)}
+    out = {"torch_mul_us": round(per_launch_us(lambda: x.mul(1.0001), N if CUDA else 10 * N), 3)}
+    if CUDA:
+        out["triton_silu_mul_us"] = round(per_launch_us(lambda: silu_mul_triton(gu), N), 3)
+    return out
 
 
 def capture(cuda: bool, x: torch.Tensor) -> None:
     prof, done = StepProfiler(), threading.Event()
     prof.warm(cuda)
     prof.start(CaptureJob(3, Path(tempfile.mkdtemp()), lambda r: done.set(), name="probe",
-                          cuda=cuda))
+                          cuda=cuda and CUDA))
     for _ in range(5):
         if not prof.busy:
             break
@@ -60,17 +72,19 @@ def capture(cuda: bool, x: torch.Tensor) -> None:
 
 def main() -> None:
     mode = sys.argv[1]
-    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
-    gu = torch.randn(8, 2 * 4096, device="cuda", dtype=torch.bfloat16)
+    dev = "cuda" if CUDA else "cpu"
+    x = torch.randn(8, 256, device=dev, dtype=torch.bfloat16)
+    gu = torch.randn(8, 2 * 4096, device=dev, dtype=torch.bfloat16)
     timings(x, gu)  # compile and warm
     before = timings(x, gu)
     if mode in ("cuda", "cpu"):
         capture(mode == "cuda", x)
     elif mode == "warm":
-        StepProfiler().warm(True)
+        StepProfiler().warm(CUDA)
     after = timings(x, gu)
     row = {"mode": mode, "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
-           "before": before, "after": after, "gpu": torch.cuda.get_device_name()}
+           "before": before, "after": after,
+           "device": torch.cuda.get_device_name() if CUDA else "cpu"}
     print(json.dumps(row), flush=True)
     if len(sys.argv) > 2:
         with open(sys.argv[2], "a") as f:
