@@ -31,10 +31,11 @@ The last line compares TTFT p50 and TPOT p50 at row 7's point with their floors:
 alone and the decode bytes alone, then the floors at that load (``load_floors``: the prompts
 the closed loop puts into every step counted too).
 
-On CUDA each row runs in its own process (rows 6 and 7 in one: row 7 takes row 6's engine;
-``--isolate-rows``): a torch.profiler capture left the rest of its process launching slower,
-and every eager row measured after another row's capture ran about 2 ms a step (20 %) slower
-on an H100 (docs/BENCHMARKS.md, "A profiler capture slowed the rows after it").
+On CUDA each row runs in its own process (``--isolate-rows``): a torch.profiler capture left
+the rest of its process slower, and an eager row measured after another row's capture ran
+about 2 ms a step (20 %) slower on an H100 (docs/BENCHMARKS.md, "A profiler capture slowed
+the rows after it"). Rows 6 and 7 share one, since row 7 measures row 6's engine: its points
+still follow row 6's capture and each other's.
 """
 from __future__ import annotations
 
