@@ -3,7 +3,7 @@
 # off in alternating runs (PAIRS pairs, each run its own process; FIRSTTOKEN_FAST_LAUNCH), then
 # the whole table (rows 1-7, batches 8-64) with it on. Into $OUT/fl.tgz, saved after each run.
 # On CUDA the ablation runs each row in its own process (rows 6-7 in one), which adds a
-# process start and an engine build a row: allow TABLE_S about 300 s for the table.
+# process start and a model build a row: allow TABLE_S about 300 s for the table.
 #   PAIRS=1 bash docs/benchmarks/step/fast-launch/h200.sh        (carry .whl)
 set -u
 source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
