@@ -128,6 +128,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def wanted_rows(a: argparse.Namespace) -> list[int]:
+    """``--rows`` as sorted row numbers, each once."""
+    return sorted({int(r) for r in a.rows.split(",")})
+
+
 # options a row's own process gets from the run, not from the command line
 _PER_PROCESS = {"--rows": True, "--json": True, "--markdown": True, "--isolate-rows": False,
                 "--no-isolate-rows": False}
@@ -163,7 +168,7 @@ def run_isolated(a: argparse.Namespace, argv: list[str]) -> dict:
     """``run`` with each group of ``row_groups`` in a fresh ``python -m benchmarks.ablation``;
     their JSON merged. A group whose process fails gets failed rows with its exit status."""
     t_start = time.perf_counter()
-    wanted = sorted({int(r) for r in a.rows.split(",")})
+    wanted = wanted_rows(a)
     rows, tuned, check, metas = [], None, None, []
     with tempfile.TemporaryDirectory(prefix="ablation-rows-") as tmp:
         for group in row_groups(wanted):
@@ -368,7 +373,7 @@ def tune(bench: Bench, engine: LLMEngine, a: argparse.Namespace) -> dict:
 
 def run(a: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
-    wanted = sorted({int(r) for r in a.rows.split(",")})
+    wanted = wanted_rows(a)
     batches = [int(b) for b in a.batches.split(",")]
     max_len = a.max_model_len or -(-(a.prompt_tokens + a.output_tokens) // 256) * 256
     base = dict(device=a.device, dtype=a.dtype, weights_dtype=a.weights_dtype,

@@ -738,10 +738,11 @@ def decode_splits(batch: int, kv_heads: int, max_context: int | None,
     per batch size). Outside them capped by the longest context (no split without a tile
     of ``block_n`` tokens to work on), and the contexts of the kinds in ``EAGER_UNSPLIT``
     up to ``EAGER_UNSPLIT_MAX_TOKENS`` are not split."""
+    eager = max_context is not None
+    if eager and kv_cache_dtype in EAGER_UNSPLIT and max_context <= EAGER_UNSPLIT_MAX_TOKENS:
+        return 1
     splits = min(16, triton.next_power_of_2(-(-_twice_the_gpu(device) // (batch * kv_heads))))
-    if max_context is not None:
-        if kv_cache_dtype in EAGER_UNSPLIT and max_context <= EAGER_UNSPLIT_MAX_TOKENS:
-            return 1
+    if eager:
         splits = min(splits, triton.next_power_of_2(-(-max_context // block_n)))
     return max(1, splits)
 

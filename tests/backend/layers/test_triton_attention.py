@@ -492,9 +492,10 @@ def test_a_kind_listed_for_eager_unsplit_takes_its_small_batch_tile(monkeypatch)
     tile. Each against the reference."""
     cpu, most = torch.device("cpu"), triton_attention.EAGER_UNSPLIT_MAX_TOKENS
     default = triton_attention.EAGER_UNSPLIT["int8"]
+    small = ((16, 2, 2), 0)
     monkeypatch.delitem(triton_attention.EAGER_UNSPLIT, "int8")
     assert triton_attention.decode_splits(1, 1, 544, cpu, "int8") > 1  # not listed: splits
-    monkeypatch.setitem(triton_attention.EAGER_UNSPLIT, "int8", ((16, 2, 2), 0))
+    monkeypatch.setitem(triton_attention.EAGER_UNSPLIT, "int8", small)
     assert triton_attention.decode_splits(1, 1, 544, cpu, "int8") == 1
     assert triton_attention.decode_splits(1, 1, most + 1, cpu, "int8") > 1
     assert triton_attention.decode_splits(1, 1, None, cpu, "int8") > 1  # graphs split
@@ -503,7 +504,6 @@ def test_a_kind_listed_for_eager_unsplit_takes_its_small_batch_tile(monkeypatch)
     kvh, hd = 1, 64
     unsplit_n, unsplit_w, unsplit_s = triton_attention.DECODE_TILES["int8"][1]
     big = (unsplit_n, unsplit_w, unsplit_s, triton_attention.DECODE_ROWS["int8"][1])
-    small = ((16, 2, 2), 0)
     for entry, lens, want in ((small, [BS + 3], (16, 2, 2, 0)),
                               (default, [BS + 3], (*default[0], default[1])),
                               (small, [BS + 3, 30, 7, 21], big)):
