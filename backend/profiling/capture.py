@@ -11,6 +11,7 @@ steps and name the range that owns the GPU's idle time.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import threading
 import time
@@ -50,10 +51,26 @@ class CaptureJob:
     stop_requested: bool = False
 
 
+def _cupti_teardown_is_safe(cuda_version: str | None) -> bool:
+    """Whether Kineto may release CUPTI when a capture stops in a process that also replays
+    CUDA graphs: torch keeps it attached there before CUDA 12.6, where re-attaching crashed."""
+    try:
+        major, minor = (int(v) for v in (cuda_version or "").split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (12, 6)
+
+
 def _new_profiler(cuda: bool) -> tuple[profile, str | None]:
     """A profiler over every thread (so server-side ranges such as detokenize land in the
     trace too) where this torch can; else the engine thread only, with a note why."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda and _cupti_teardown_is_safe(torch.version.cuda):
+        # Kineto leaves CUPTI attached when a capture stops unless TEARDOWN_CUPTI=1, and the
+        # process's later kernel launches pay for it: on an H100 a launch took a median 1.46x
+        # its time before one capture, 1.08x with the release (docs/PROFILING.md, "What a
+        # capture costs after it ends"). An operator's explicit setting is kept.
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
     # trace_only: stop() skips building Python event objects (only the exported trace is
     # read), which shortens the stop the engine thread waits for; newer torch only.
     for options in ({"profile_all_threads": True, "trace_only": True},

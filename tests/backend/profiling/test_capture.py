@@ -2,6 +2,7 @@
 model, and around a step built of sleeps inside named ranges."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -125,3 +126,27 @@ def test_a_second_start_while_busy_is_refused(tmp_path):
     _, got, done = capture(prof, 5, tmp_path)
     assert done.wait(1) and isinstance(got[0], RuntimeError)
     prof.stop_early()
+
+
+@pytest.mark.parametrize("version, safe", [("13.0", True), ("12.6", True), ("12.4", False),
+                                           ("11.8", False), (None, False), ("x", False)])
+def test_cupti_is_released_only_where_cuda_graphs_allow_it(version, safe):
+    from backend.profiling.capture import _cupti_teardown_is_safe
+    assert _cupti_teardown_is_safe(version) is safe
+
+
+def test_a_cuda_profiler_has_kineto_release_cupti_unless_told_otherwise(monkeypatch):
+    from backend.profiling import capture as cap
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    monkeypatch.setattr(cap.torch.version, "cuda", "12.8")
+    cap._new_profiler(False)
+    assert "TEARDOWN_CUPTI" not in os.environ  # a CPU capture leaves the setting alone
+    cap._new_profiler(True)
+    assert os.environ["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # an operator's explicit choice is kept
+    cap._new_profiler(True)
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
+    monkeypatch.delenv("TEARDOWN_CUPTI")
+    monkeypatch.setattr(cap.torch.version, "cuda", "12.4")  # graphs crash on a re-attach
+    cap._new_profiler(True)
+    assert "TEARDOWN_CUPTI" not in os.environ

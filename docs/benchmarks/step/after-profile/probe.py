@@ -9,8 +9,9 @@ Timed: a torch elementwise op and one of our Triton kernels on a small tensor, l
 back to back with no sync (the host is the bottleneck: the GPU work is a few us), the median
 of seven rounds of 2,000 launches, before and after. Without CUDA it times the torch op on
 the CPU (20,000 calls a round) and captures CPU activities (modes cuda and cpu alike). On
-a GPU, run it as torch leaves Kineto and with TEARDOWN_CUPTI=1 in the environment (Kineto
-then releases CUPTI when a capture stops).
+a GPU, run it with TEARDOWN_CUPTI=0 in the environment (Kineto keeps CUPTI attached after a
+capture, as torch leaves it) and without (the capture then sets TEARDOWN_CUPTI=1 where CUDA
+graphs allow it, and Kineto releases CUPTI when the capture stops).
 """
 import json
 import os
@@ -72,6 +73,7 @@ def capture(cuda: bool, x: torch.Tensor) -> None:
 
 def main() -> None:
     mode = sys.argv[1]
+    at_launch = os.environ.get("TEARDOWN_CUPTI")
     dev = "cuda" if CUDA else "cpu"
     x = torch.randn(8, 256, device=dev, dtype=torch.bfloat16)
     gu = torch.randn(8, 2 * 4096, device=dev, dtype=torch.bfloat16)
@@ -82,7 +84,9 @@ def main() -> None:
     elif mode == "warm":
         StepProfiler().warm(CUDA)
     after = timings(x, gu)
-    row = {"mode": mode, "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
+    # at_launch: the process's environment; TEARDOWN_CUPTI: as the capture left it (the
+    # capture sets 1 where CUDA graphs allow it unless the environment says otherwise)
+    row = {"mode": mode, "at_launch": at_launch, "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
            "before": before, "after": after,
            "device": torch.cuda.get_device_name() if CUDA else "cpu"}
     print(json.dumps(row), flush=True)
