@@ -200,6 +200,9 @@ class StepProfiler:
             "slowdown": during / before - 1 if before and during else None,
             "profiler_start_ms": self._start_ms if job.step_s else 0.0,
             "profiler_stop_ms": stop_ms,
+            # whether Kineto releases CUPTI at this stop, or the process's later launches
+            # keep paying for it (None: no CUDA activities captured)
+            "cupti_released": os.environ.get("TEARDOWN_CUPTI") == "1" if job.cuda else None,
             "note": self._note,
         }
 

@@ -52,6 +52,7 @@ def test_embedded_model_steps_on_cpu(smollm2_source, tmp_path):
     assert r["ranges"]["attention"]["calls"] == 30 * 3
     c = r["capture"]
     assert c["steps_captured"] == 3 and c["step_ms_outside"] and c["step_ms_during"]
+    assert c["cupti_released"] is None  # no CUDA activities, no CUPTI
     assert Path(r["trace"]).is_file()
 
 
@@ -150,3 +151,21 @@ def test_a_cuda_profiler_has_kineto_release_cupti_unless_told_otherwise(monkeypa
     monkeypatch.setattr(cap.torch.version, "cuda", "12.4")  # graphs crash on a re-attach
     cap._new_profiler(True)
     assert "TEARDOWN_CUPTI" not in os.environ
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")  # the CPU build: CPU events only
+@pytest.mark.parametrize("env, released", [(None, True), ("0", False)])
+def test_a_cuda_capture_reports_whether_cupti_was_released(monkeypatch, tmp_path, env,
+                                                           released):
+    from backend.profiling import capture as cap
+    monkeypatch.setattr(cap.torch.version, "cuda", "13.0")
+    if env is None:
+        monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    else:
+        monkeypatch.setenv("TEARDOWN_CUPTI", env)
+    prof = StepProfiler()
+    _, got, done = capture(prof, 1, tmp_path, cuda=True)
+    for _ in range(2):  # the lead step and the counted one
+        prof.run_step(lambda: time.sleep(0.001))
+    assert done.wait(60)
+    assert got[0]["capture"]["cupti_released"] is released

@@ -1,8 +1,9 @@
 #!/bin/bash
 # One device call: eager launch cost before / after one profiler capture (probe.py), each mode
-# its own process, as torch leaves it and with TEARDOWN_CUPTI=1 (Kineto then releases CUPTI
-# when a capture stops; not yet tried here beside CUDA graphs); then the ablation's rows 3-4
-# in one process (--no-isolate-rows) and rows 5-7 in one, with TEARDOWN_CUPTI=1. Into $OUT/ap.tgz.
+# its own process, with TEARDOWN_CUPTI=0 (CUPTI kept attached, as torch leaves Kineto) and =1
+# (Kineto releases CUPTI when a capture stops; a CUDA capture's default since); then the
+# ablation's rows 3-4 in one process (--no-isolate-rows) and rows 5-7 in one, with
+# TEARDOWN_CUPTI=1. Into $OUT/ap.tgz.
 #   bash docs/benchmarks/step/after-profile/call.sh        (carry .whl)
 #   MODES="none cuda" TABLE_ROWS=5,6 TABLE_S=90 bash ...    (a short call)
 set -u
@@ -13,7 +14,7 @@ save() { tar czf $OUT/ap.tgz -C $OUT ap; }
 P=docs/benchmarks/step/after-profile/probe.py
 date -u
 for mode in ${MODES:-none warm cpu cuda}; do
-  timeout 60 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -1
+  timeout 60 env TEARDOWN_CUPTI=0 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -1
   [ $mode = none ] || timeout 60 env TEARDOWN_CUPTI=1 python3 $P $mode $D/probe.jsonl 2>&1 | grep -v -i warn | tail -1
 done
 save
