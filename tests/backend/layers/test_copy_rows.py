@@ -14,6 +14,11 @@ from backend.layers.linear import (GPU_COPY_MIN_ROWS, DenseLinear, LinearRows, W
                                    make_linear, matmul)
 
 
+# int4 layers keep a dense copy on the CPU only where torch's packed row block divides
+# their outputs: 64 rows where its int4 kernel uses AVX-512, 32 elsewhere
+INT4_N = 128
+
+
 def _layer(kind: str, n: int, k: int, seed: int, device: str = "cpu"):
     gen = torch.Generator().manual_seed(seed)
     layer = make_linear(WeightFormat(kind, None, 32), n, k, False, torch.device(device),
@@ -36,9 +41,9 @@ def test_the_crossover_is_where_the_copy_wins_from_then_on():
 
 
 def test_measured_rows_are_set_per_shape_from_what_each_path_took():
-    qkv = [_layer("int4", 96, 64, seed=s) for s in range(3)]
+    qkv = [_layer("int4", INT4_N, 64, seed=s) for s in range(3)]
     down = [_layer("int8", 64, 96, seed=10 + s) for s in range(2)]
-    bare = _layer("int4", 96, 64, seed=20)  # keeps no copy: not timed, not set
+    bare = _layer("int4", INT4_N, 64, seed=20)  # keeps no copy: not timed, not set
     for m in qkv + down:
         m.keep_prefill_dense(True)
     calls: list[tuple[str, int, str]] = []
@@ -74,7 +79,7 @@ def test_measured_rows_are_set_per_shape_from_what_each_path_took():
 
 
 def test_a_set_row_count_or_the_default_applies_untimed():
-    layers = [_layer("int4", 96, 64, seed=s) for s in range(2)]
+    layers = [_layer("int4", INT4_N, 64, seed=s) for s in range(2)]
     assert choose(layers, "auto", EAGER, timer=None).mode == "none"  # no copies: nothing timed
     for m in layers:
         m.keep_prefill_dense(True)
