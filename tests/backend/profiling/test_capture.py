@@ -129,6 +129,18 @@ def test_a_second_start_while_busy_is_refused(tmp_path):
     prof.stop_early()
 
 
+TEARDOWN_AT_IMPORT = os.environ.get("TEARDOWN_CUPTI")
+
+
+@pytest.fixture
+def no_teardown_setting(monkeypatch):
+    """TEARDOWN_CUPTI unset, and restored after the test whatever a capture set (setenv
+    records the value before; delenv of an unset variable records nothing)."""
+    monkeypatch.setenv("TEARDOWN_CUPTI", "")
+    monkeypatch.delenv("TEARDOWN_CUPTI")
+    return monkeypatch
+
+
 @pytest.mark.parametrize("version, safe", [("13.0", True), ("12.6", True), ("12.4", False),
                                            ("11.8", False), (None, False), ("x", False)])
 def test_cupti_is_released_only_where_cuda_graphs_allow_it(version, safe):
@@ -136,9 +148,9 @@ def test_cupti_is_released_only_where_cuda_graphs_allow_it(version, safe):
     assert _cupti_teardown_is_safe(version) is safe
 
 
-def test_a_cuda_profiler_has_kineto_release_cupti_unless_told_otherwise(monkeypatch):
+def test_a_cuda_profiler_has_kineto_release_cupti_unless_told_otherwise(no_teardown_setting):
     from backend.profiling import capture as cap
-    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    monkeypatch = no_teardown_setting
     monkeypatch.setattr(cap.torch.version, "cuda", "12.8")
     cap._new_profiler(False)
     assert "TEARDOWN_CUPTI" not in os.environ  # a CPU capture leaves the setting alone
@@ -155,13 +167,12 @@ def test_a_cuda_profiler_has_kineto_release_cupti_unless_told_otherwise(monkeypa
 
 @pytest.mark.filterwarnings("ignore:CUDA is not available")  # the CPU build: CPU events only
 @pytest.mark.parametrize("env, released", [(None, True), ("0", False)])
-def test_a_cuda_capture_reports_whether_cupti_was_released(monkeypatch, tmp_path, env,
+def test_a_cuda_capture_reports_whether_cupti_was_released(no_teardown_setting, tmp_path, env,
                                                            released):
     from backend.profiling import capture as cap
+    monkeypatch = no_teardown_setting
     monkeypatch.setattr(cap.torch.version, "cuda", "13.0")
-    if env is None:
-        monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
-    else:
+    if env is not None:
         monkeypatch.setenv("TEARDOWN_CUPTI", env)
     prof = StepProfiler()
     _, got, done = capture(prof, 1, tmp_path, cuda=True)
@@ -169,3 +180,8 @@ def test_a_cuda_capture_reports_whether_cupti_was_released(monkeypatch, tmp_path
         prof.run_step(lambda: time.sleep(0.001))
     assert done.wait(60)
     assert got[0]["capture"]["cupti_released"] is released
+
+
+def test_the_setting_a_capture_made_is_gone_after_its_test():
+    # runs after the tests above (file order): no capture's default leaked into later tests
+    assert os.environ.get("TEARDOWN_CUPTI") == TEARDOWN_AT_IMPORT
