@@ -34,6 +34,10 @@ _RECENT_STEPS = 32  # step times kept from outside captures, for the slowdown fi
 CPU_REASON = ("the engine runs on the CPU: torch.profiler recorded CPU activities only "
               "(kernel gaps, copies and launches need a CUDA device and CUPTI)")
 IDLE_REASON = "no engine step ran during the capture (the engine had no requests)"
+# Kineto releases CUPTI at each stop with TEARDOWN_CUPTI=1; on an H100 (torch 2.11, CUDA 13)
+# not one capture then recorded a GPU activity, the first of a process included
+TEARDOWN_REASON = ("the capture holds no GPU activity, and TEARDOWN_CUPTI=1 is set: with it, "
+                   "captures recorded none on an H100 (docs/PROFILING.md)")
 
 
 @dataclass
@@ -51,26 +55,10 @@ class CaptureJob:
     stop_requested: bool = False
 
 
-def _cupti_teardown_is_safe(cuda_version: str | None) -> bool:
-    """Whether Kineto may release CUPTI when a capture stops in a process that also replays
-    CUDA graphs: torch keeps it attached there before CUDA 12.6, where re-attaching crashed."""
-    try:
-        major, minor = (int(v) for v in (cuda_version or "").split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (12, 6)
-
-
 def _new_profiler(cuda: bool) -> tuple[profile, str | None]:
     """A profiler over every thread (so server-side ranges such as detokenize land in the
     trace too) where this torch can; else the engine thread only, with a note why."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    if cuda and _cupti_teardown_is_safe(torch.version.cuda):
-        # Kineto leaves CUPTI attached when a capture stops unless TEARDOWN_CUPTI=1, and the
-        # process's later kernel launches pay for it: on an H100 a launch took a median 1.46x
-        # its time before one capture, 1.08x with the release (docs/PROFILING.md, "What a
-        # capture costs after it ends"). An operator's explicit setting is kept.
-        os.environ.setdefault("TEARDOWN_CUPTI", "1")
     # trace_only: stop() skips building Python event objects (only the exported trace is
     # read), which shortens the stop the engine thread waits for; newer torch only.
     for options in ({"profile_all_threads": True, "trace_only": True},
@@ -200,9 +188,6 @@ class StepProfiler:
             "slowdown": during / before - 1 if before and during else None,
             "profiler_start_ms": self._start_ms if job.step_s else 0.0,
             "profiler_stop_ms": stop_ms,
-            # whether Kineto releases CUPTI at this stop, or the process's later launches
-            # keep paying for it (None: no CUDA activities captured)
-            "cupti_released": os.environ.get("TEARDOWN_CUPTI") == "1" if job.cuda else None,
             "note": self._note,
         }
 
@@ -224,6 +209,13 @@ def _stop_and_export(prof: profile, job: CaptureJob, info: dict) -> None:
     _export(prof, job, info)
 
 
+def _no_gpu_reason(cuda: bool) -> str | None:
+    """Why a capture may hold no GPU activity, where the cause is known before reading it."""
+    if not cuda:
+        return CPU_REASON
+    return TEARDOWN_REASON if os.environ.get("TEARDOWN_CUPTI") == "1" else None
+
+
 def _export(prof: profile, job: CaptureJob, info: dict) -> None:
     """Worker thread: write the chrome trace, summarise it, deliver the report."""
     try:
@@ -232,7 +224,7 @@ def _export(prof: profile, job: CaptureJob, info: dict) -> None:
         path = trace_path(job.out_dir, job.name, job.started_ns)
         prof.export_chrome_trace(str(path))
         report = report_from_trace(path, steps=len(job.step_s),
-                                   no_gpu_reason=None if job.cuda else CPU_REASON)
+                                   no_gpu_reason=_no_gpu_reason(job.cuda))
         info["export_ms"] = (time.perf_counter() - t0) * 1e3
         report["capture"] = info
         report["trace"] = str(path)

@@ -9,9 +9,9 @@ Timed: a torch elementwise op and one of our Triton kernels on a small tensor, l
 back to back with no sync (the host is the bottleneck: the GPU work is a few us), the median
 of seven rounds of 2,000 launches, before and after. Without CUDA it times the torch op on
 the CPU (20,000 calls a round) and captures CPU activities (modes cuda and cpu alike). On
-a GPU, run it with TEARDOWN_CUPTI=0 in the environment (Kineto keeps CUPTI attached after a
-capture, as torch leaves it) and without (the capture then sets TEARDOWN_CUPTI=1 where CUDA
-graphs allow it, and Kineto releases CUPTI when the capture stops).
+a GPU, run it as torch leaves Kineto and with TEARDOWN_CUPTI=1 in the environment (Kineto
+then releases CUPTI when a capture stops). The row says how many kernels a step the capture
+recorded: with TEARDOWN_CUPTI=1 the ablation's captures on an H100 recorded none.
 """
 import json
 import os
@@ -58,35 +58,40 @@ def timings(x: torch.Tensor, gu: torch.Tensor) -> dict:
     return out
 
 
-def capture(cuda: bool, x: torch.Tensor) -> None:
-    prof, done = StepProfiler(), threading.Event()
+def capture(cuda: bool, x: torch.Tensor) -> dict | BaseException | None:
+    """One capture as the server takes it; its report (or the error it ended with)."""
+    prof, done, got = StepProfiler(), threading.Event(), []
     prof.warm(cuda)
-    prof.start(CaptureJob(3, Path(tempfile.mkdtemp()), lambda r: done.set(), name="probe",
-                          cuda=cuda and CUDA))
+    prof.start(CaptureJob(3, Path(tempfile.mkdtemp()), lambda r: (got.append(r), done.set()),
+                          name="probe", cuda=cuda and CUDA))
     for _ in range(5):
         if not prof.busy:
             break
         prof.run_step(lambda: [x.mul(1.0001) for _ in range(50)])
     prof.stop_early()
     done.wait(120)
+    return got[0] if got else None
 
 
 def main() -> None:
     mode = sys.argv[1]
-    at_launch = os.environ.get("TEARDOWN_CUPTI")
     dev = "cuda" if CUDA else "cpu"
     x = torch.randn(8, 256, device=dev, dtype=torch.bfloat16)
     gu = torch.randn(8, 2 * 4096, device=dev, dtype=torch.bfloat16)
     timings(x, gu)  # compile and warm
     before = timings(x, gu)
+    report = None
     if mode in ("cuda", "cpu"):
-        capture(mode == "cuda", x)
+        report = capture(mode == "cuda", x)
     elif mode == "warm":
         StepProfiler().warm(CUDA)
     after = timings(x, gu)
-    # at_launch: the process's environment; TEARDOWN_CUPTI: as the capture left it (the
-    # capture sets 1 where CUDA graphs allow it unless the environment says otherwise)
-    row = {"mode": mode, "at_launch": at_launch, "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
+    # kernels_per_step: what the capture recorded (None: no GPU activity, see reason)
+    row = {"mode": mode, "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
+           "kernels_per_step": report.get("kernels_per_step") if isinstance(report, dict)
+           else None,
+           "reason": report.get("reasons", {}).get("kernels_per_step")
+           if isinstance(report, dict) else repr(report),
            "before": before, "after": after,
            "device": torch.cuda.get_device_name() if CUDA else "cpu"}
     print(json.dumps(row), flush=True)
