@@ -86,12 +86,13 @@ def main() -> None:
     elif mode == "warm":
         StepProfiler().warm(CUDA)
     after = timings(x, gu)
-    # kernels_per_step: what the capture recorded (None: no GPU activity, see reason)
+    # kernels_per_step: what the capture recorded (None: no GPU activity, see reason; no
+    # capture in modes none and warm; reason is the error where the capture ended in one)
+    summary = report if isinstance(report, dict) else {}
     row = {"mode": mode, "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
-           "kernels_per_step": report.get("kernels_per_step") if isinstance(report, dict)
-           else None,
-           "reason": report.get("reasons", {}).get("kernels_per_step")
-           if isinstance(report, dict) else repr(report),
+           "kernels_per_step": summary.get("kernels_per_step"),
+           "reason": summary.get("reasons", {}).get("kernels_per_step") if summary
+           else report and repr(report),
            "before": before, "after": after,
            "device": torch.cuda.get_device_name() if CUDA else "cpu"}
     print(json.dumps(row), flush=True)
