@@ -19,6 +19,7 @@ kernels), or the pieces between attention calls are torch.compiled (``use_step_o
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Protocol
 
 import torch
@@ -30,7 +31,7 @@ from backend.layers.attention import Attention, AttentionMetadata
 from backend.layers.fused_ops import EAGER, TRITON, StepOps, rope_signed_, signed_sin
 from backend.layers.gemv import ADD_NORM, NORM, SILU_MUL, Prologue
 from backend.layers.linear import (DenseLinear, Linear, LinearRows, WeightFormat, frozen,
-                                   make_linear, matmul)
+                                   make_linear, matmul, matmul_into_stream)
 from backend.layers.quantize import GroupQuantized
 from backend.profiling.ranges import stage
 
@@ -65,6 +66,22 @@ STEP_OPS = ("eager", "triton", "compile")
 FUSED_MAX_TOKENS = 128  # steps up to this many tokens use the fused kernels (decode graphs)
 
 
+@dataclass(frozen=True)
+class Summed:
+    """The residual carried between layers when the layer before added it into its output
+    already (``matmul_into_stream``): x is the stream, and ``ss`` the sums of squares of its
+    parts, which the next RMSNorm finishes (``Prologue.ss``)."""
+    ss: torch.Tensor
+
+
+def _norm(residual: torch.Tensor | Summed | None, weight: torch.Tensor, eps: float) -> Prologue:
+    """The RMSNorm prologue of x given what is carried beside it: nothing (the first layer:
+    x is the stream), a residual to add first, or ``Summed``."""
+    if isinstance(residual, Summed):
+        return Prologue(NORM, None, weight, eps, residual.ss)
+    return Prologue(NORM if residual is None else ADD_NORM, residual, weight, eps)
+
+
 class DecoderLayer(nn.Module):
     """One block. The residual stream is carried beside the hidden state (as in vLLM and
     gpt-fast): a layer takes (x, residual) and returns the next pair, so each residual add
@@ -89,14 +106,14 @@ class DecoderLayer(nn.Module):
         self.pre_attention_fn = self.pre_attention
         self.post_attention_fn = self.post_attention
 
-    def pre_attention(self, x: torch.Tensor, residual: torch.Tensor | None,
+    def pre_attention(self, x: torch.Tensor, residual: torch.Tensor | Summed | None,
                       cos: torch.Tensor, sin: torch.Tensor, ops: StepOps = EAGER,
                       rope: bool = True) -> tuple[torch.Tensor, ...]:
-        """x, residual: [T, hidden] (residual None in the first layer); cos/sin: [T, hd]
+        """x, residual: [T, hidden] (residual None in the first layer, ``Summed`` where the
+        layer before added it into x already); cos/sin: [T, hd]
         -> q [T, H, hd], k, v [T, kvh, hd] (views of one qkv matrix), residual. Without
         ``rope`` q and k are returned unrotated (attention's KV store rotates them)."""
-        norm = Prologue(NORM if residual is None else ADD_NORM, residual, self.input_norm,
-                        self.eps)
+        norm = _norm(residual, self.input_norm, self.eps)
         qkv, residual = matmul(self.qkv, x, norm, ops)  # [T, (H + 2 kvh) * hd]
         return *self.split_qkv(qkv, cos, sin, ops, rope), residual
 
@@ -118,13 +135,17 @@ class DecoderLayer(nn.Module):
         return qkv[:, : heads * self.hd].view(qkv.shape[0], heads, self.hd)
 
     def post_attention(self, out: torch.Tensor, residual: torch.Tensor, ops: StepOps = EAGER
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """out: [T, H * hd] attention output -> (MLP output, residual), both [T, hidden]."""
-        attn_out, _ = matmul(self.o, out, Prologue(), ops)  # [T, hidden]
-        norm = Prologue(ADD_NORM, residual, self.post_norm, self.eps)
-        gate_up, residual = matmul(self.gate_up, attn_out, norm, ops)  # [T, 2 inter]
-        y, _ = matmul(self.down, gate_up, Prologue(SILU_MUL), ops)  # silu(gate) * up first
-        return y, residual
+                       ) -> tuple[torch.Tensor, torch.Tensor | Summed]:
+        """out: [T, H * hd] attention output -> (MLP output, residual), both [T, hidden];
+        where a one-token layer adds the residual into its output itself
+        (``matmul_into_stream``), that sum and ``Summed`` instead."""
+        attn_out, ss = matmul_into_stream(self.o, out, Prologue(), residual, ops)  # [T, hidden]
+        gate_up, residual = matmul(self.gate_up, attn_out,
+                                   _norm(residual if ss is None else Summed(ss),
+                                         self.post_norm, self.eps), ops)  # [T, 2 inter]
+        # silu(gate) * up first
+        y, ss = matmul_into_stream(self.down, gate_up, Prologue(SILU_MUL), residual, ops)
+        return y, (residual if ss is None else Summed(ss))
 
     def forward(self, idx: int, x: torch.Tensor, residual: torch.Tensor | None,
                 cos: torch.Tensor, sin: torch.Tensor, attn: Attention,
@@ -294,12 +315,16 @@ class LlamaModel(nn.Module):
         self.step_ops, self.ops, self.compiled_pieces = kind, ops, pieces
         return pieces
 
-    def head(self, x: torch.Tensor, residual: torch.Tensor, logits_indices: torch.Tensor,
-             ops: StepOps = EAGER) -> torch.Tensor:
+    def head(self, x: torch.Tensor, residual: torch.Tensor | Summed,
+             logits_indices: torch.Tensor, ops: StepOps = EAGER) -> torch.Tensor:
         """The last layer's (x, residual) [T, hidden] -> [N, vocab] float32 logits of the
         sampled rows only (the final norm is per token)."""
-        x, residual = x.index_select(0, logits_indices), residual.index_select(0, logits_indices)
-        norm = Prologue(ADD_NORM, residual, self.norm, self.cfg.rms_norm_eps)
+        x = x.index_select(0, logits_indices)
+        if isinstance(residual, Summed):  # x is the stream: the head's kernel norms it
+            norm = Prologue(NORM, None, self.norm, self.cfg.rms_norm_eps)
+        else:
+            norm = Prologue(ADD_NORM, residual.index_select(0, logits_indices), self.norm,
+                            self.cfg.rms_norm_eps)
         return matmul(self.lm_head, x, norm, ops)[0].float()  # [N, vocab]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Attention,

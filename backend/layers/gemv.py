@@ -63,11 +63,15 @@ CONFIGS: dict[tuple[int, int], dict] = {
 class Prologue:
     """What turns the layer's raw input into the GEMV's activation. ``kind``: NONE, NORM,
     ADD_NORM or SILU_MUL; ``residual`` (ADD_NORM): the carried residual [1, K]; ``norm_w``
-    / ``eps``: RMSNorm's weight [K] and epsilon (NORM, ADD_NORM)."""
+    / ``eps``: RMSNorm's weight [K] and epsilon (NORM, ADD_NORM); ``ss`` (NORM, optional):
+    the sums of squares of x's parts, made by the kernel that wrote x
+    (``linear.matmul_into_stream``), for a layer that finishes the norm with them
+    (``Linear.one_token_normed``); the others compute the norm from x as for any NORM."""
     kind: int = NONE
     residual: torch.Tensor | None = None
     norm_w: torch.Tensor | None = None
     eps: float = 0.0
+    ss: torch.Tensor | None = None
 
     @property
     def normed(self) -> bool:

@@ -41,7 +41,7 @@ from torch import nn
 from backend.layers import (cpu_aot, cpu_dequant, cpu_fp16, cpu_int8_rows, cpu_w4a8,
                             fp8_matmul, gemv, gpu_dequant, quant_kernels, skinny_gemm)
 from backend.layers.fused_ops import StepOps
-from backend.layers.gemv import SILU_MUL, Prologue
+from backend.layers.gemv import NONE, SILU_MUL, Prologue
 from backend.layers.quantize import (GroupQuantized, check_group, dequantize_fp8, dequantize_int8,
                                      quantize_fp8, quantize_int4, quantize_int8)
 
@@ -251,6 +251,22 @@ class Linear(nn.Module):
         (then the prologue runs as usual and ``forward`` after it)."""
         return None
 
+    def adds_residual(self, x: torch.Tensor) -> bool:
+        """Whether ``one_token_added`` serves activation x [1, K]."""
+        return False
+
+    def one_token_added(self, x: torch.Tensor, residual: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token: (x @ W.T + residual, the sums of squares of that sum by part, for the
+        next RMSNorm); only where ``adds_residual``."""
+        raise NotImplementedError
+
+    def one_token_normed(self, x: torch.Tensor, prologue: Prologue) -> torch.Tensor | None:
+        """One token through a NORM ``prologue`` that carries x's sums of squares
+        (``Prologue.ss``), the norm finished inside this layer's kernel; None where the
+        layer has no such kernel."""
+        return None
+
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias
 
@@ -264,6 +280,8 @@ def matmul(linear: Linear, x: torch.Tensor, prologue: Prologue, ops: StepOps
     where the ops allow it and the layer has a tile for the shape)."""
     M = x.shape[0]
     if ops.fuse_one_token and M == 1:
+        if prologue.ss is not None and (y := linear.one_token_normed(x, prologue)) is not None:
+            return y, x  # x is the residual stream already (NORM)
         fused = linear.one_token(x, prologue)
         if fused is not None:
             return fused
@@ -277,6 +295,22 @@ def matmul(linear: Linear, x: torch.Tensor, prologue: Prologue, ops: StepOps
         x, residual = ops.add_rms_norm(x, prologue.residual, prologue.norm_w, prologue.eps)
     y = linear.few_tokens(x) if ops.few_token_matmul and 1 < M <= skinny_gemm.MAX_M else None
     return (linear(x) if y is None else y), residual
+
+
+def matmul_into_stream(linear: Linear, x: torch.Tensor, prologue: Prologue,
+                       residual: torch.Tensor | None, ops: StepOps
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(linear(prologue(x)), None), the residual left for the next norm to add; or, where one
+    kernel at one token adds it too (``Linear.adds_residual``): (linear(prologue(x)) +
+    residual, the sum's sums of squares by part), which a NORM prologue with ``ss`` takes
+    over as the stream: the add + RMSNorm kernel between the two layers does not run."""
+    if (ops.fuse_one_token and residual is not None and x.shape[0] == 1
+            and prologue.kind in (NONE, SILU_MUL)):
+        a = ops.silu_mul(x) if prologue.kind == SILU_MUL else x
+        if linear.adds_residual(a):
+            return linear.one_token_added(a, residual)
+        return matmul(linear, a, Prologue(), ops)[0], None
+    return matmul(linear, x, prologue, ops)[0], None
 
 
 def _few_tokens_dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -863,6 +897,21 @@ class Int4Linear(_QuantizedLinear):
         return self._with_bias(
             lambda x: torch._weight_int4pack_mm_for_cpu(x, packed, G, scale_zero),
             self.cpu_kind)
+
+    def adds_residual(self, x: torch.Tensor) -> bool:
+        return (self.device.type == "cuda" and self.triton and self.bias is None
+                and quant_kernels.int4_split_norm_runs(x, self.group_size))
+
+    def one_token_added(self, x: torch.Tensor, residual: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        return quant_kernels.int4_gemv_added(x, self.packed, self.scale_min, self.group_size,
+                                             residual)
+
+    def one_token_normed(self, x: torch.Tensor, prologue: Prologue) -> torch.Tensor | None:
+        if not self.adds_residual(x):  # the same kernel, its other epilogue
+            return None
+        return quant_kernels.int4_gemv_normed(x, self.packed, self.scale_min, self.group_size,
+                                              prologue.norm_w, prologue.ss, prologue.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K]
         G = self.group_size

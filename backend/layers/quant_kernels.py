@@ -57,10 +57,16 @@ if triton is not None:
     from backend.layers.gemv import norm_scale, prologue_values
     from backend.layers.pdl import release as pdl_release
     from backend.layers.pdl import wait as pdl_wait
-    from backend.layers.splits import add_splits
+    from backend.layers.splits import add_splits, gather_splits
 
 AVAILABLE = triton is not None and (torch.cuda.is_available()
                                     or os.environ.get("TRITON_INTERPRET") == "1")
+# The one-token int4 GEMV's epilogues (``_int4_gemv_words``' EPI): an RMSNorm split between
+# the GEMV that makes its input (ADDED: the residual add and the sums of squares) and the
+# GEMV that consumes it (NORMED: the weight on x, the scale on the sums), so the add + RMSNorm
+# kernel between them does not run. ``FIRSTTOKEN_SPLIT_NORM=0`` keeps the norm kernel.
+PLAIN, NORMED, ADDED = 0, 1, 2
+SPLIT_NORM = os.environ.get("FIRSTTOKEN_SPLIT_NORM", "1") != "0"
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
@@ -334,9 +340,11 @@ if triton is not None:
     @triton.jit
     def _int4_words_step(acc, acc_z, x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j0,
                          G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                         EVEN: tl.constexpr, BF16: tl.constexpr):
+                         EVEN: tl.constexpr, BF16: tl.constexpr, xm_ptr=None,
+                         XMUL: tl.constexpr = False):
         """One step of ``_int4_words_piece``: words [j0, j0 + GROUPS G / 4) of rows ``rn``
-        into the sums (acc [BLOCK_N, GROUPS, G / 4], acc_z [BLOCK_N, GROUPS])."""
+        into the sums (acc [BLOCK_N, GROUPS, G / 4], acc_z [BLOCK_N, GROUPS]). XMUL: x
+        times ``xm_ptr`` [K] (an RMSNorm's weight) column by column first."""
         half = K // 2
         hg = half // G
         GW: tl.constexpr = G // 4
@@ -365,6 +373,15 @@ if triton is not None:
             s_hi, z_hi = _bf16_of_words(r0, r1, 2), _bf16_of_words(r0, r1, 3)
             l0, l1 = xw_lo.to(tl.int32), (xw_lo >> 32).to(tl.int32)
             h0, h1 = xw_hi.to(tl.int32), (xw_hi >> 32).to(tl.int32)
+            if XMUL:
+                mw = xm_ptr.to(tl.pointer_type(tl.int64))
+                if EVEN:
+                    mw_lo, mw_hi = tl.load(mw + wi), tl.load(mw + hw + wi)
+                else:
+                    mw_lo = tl.load(mw + wi, mask=gm[:, None], other=0)
+                    mw_hi = tl.load(mw + hw + wi, mask=gm[:, None], other=0)
+                ml0, ml1 = mw_lo.to(tl.int32), (mw_lo >> 32).to(tl.int32)
+                mh0, mh1 = mw_hi.to(tl.int32), (mw_hi >> 32).to(tl.int32)
         else:
             sp = sm_ptr + ri * 4
             if EVEN:
@@ -385,12 +402,20 @@ if triton is not None:
             if BF16:
                 xl = _bf16_of_words(l0, l1, b)
                 xh = _bf16_of_words(h0, h1, b)
-            elif EVEN:
-                xl = tl.load(xp + b).to(tl.float32)
-                xh = tl.load(xp + half + b).to(tl.float32)
+                if XMUL:
+                    xl = xl * _bf16_of_words(ml0, ml1, b)
+                    xh = xh * _bf16_of_words(mh0, mh1, b)
             else:
-                xl = tl.load(xp + b, mask=gm[:, None], other=0.0).to(tl.float32)
-                xh = tl.load(xp + half + b, mask=gm[:, None], other=0.0).to(tl.float32)
+                if EVEN:
+                    xl = tl.load(xp + b).to(tl.float32)
+                    xh = tl.load(xp + half + b).to(tl.float32)
+                else:
+                    xl = tl.load(xp + b, mask=gm[:, None], other=0.0).to(tl.float32)
+                    xh = tl.load(xp + half + b, mask=gm[:, None], other=0.0).to(tl.float32)
+                if XMUL:
+                    mp = xm_ptr + 4 * wi
+                    xl = xl * tl.load(mp + b, mask=gm[:, None], other=0.0).to(tl.float32)
+                    xh = xh * tl.load(mp + half + b, mask=gm[:, None], other=0.0).to(tl.float32)
             xs_lo += xl
             xs_hi += xh
             if b < 3:  # low nibble at P = 8b, high at 8b + 4
@@ -415,9 +440,10 @@ if triton is not None:
     @triton.jit
     def _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j_begin, j_end,
                           G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                          EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr):
+                          EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr,
+                          xm_ptr=None, XMUL: tl.constexpr = False):
         """One token through rows ``rn`` of an int4 layer, words [j_begin, j_end) of each
-        row half: the fp32 sums [BLOCK_N]."""
+        row half: the fp32 sums [BLOCK_N] (XMUL: of x times ``xm_ptr`` [K])."""
         # The packed codes read as int32 words [N, K / 8]: word i of a row holds bytes
         # 4i..4i+3, byte b columns 4i + b (bits 8b..8b+3) and half + 4i + b (8b+4..8b+7).
         # A nibble decodes with one AND (``_subnormal``: n * 2^(P - 149) for its bit
@@ -437,25 +463,37 @@ if triton is not None:
         acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
         for j0 in tl.range(j_begin, j_end, GROUPS * GW, num_stages=STAGES):
             acc, acc_z = _int4_words_step(acc, acc_z, x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j0, G,
-                                          BLOCK_N, GROUPS, EVEN, BF16)
+                                          BLOCK_N, GROUPS, EVEN, BF16, xm_ptr, XMUL)
         return tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
 
     @fast
     @triton.jit
     def _int4_gemv_words(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw,
-                         W_SPLIT, G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                         EVEN: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr,
-                         PARTIAL: tl.constexpr, PDL: tl.constexpr):
+                         W_SPLIT, nw_ptr, ss_ptr, n_ss, res_ptr, eps, G: tl.constexpr,
+                         BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr,
+                         STAGES: tl.constexpr, BF16: tl.constexpr, PARTIAL: tl.constexpr,
+                         PDL: tl.constexpr, EPI: tl.constexpr = 0, SS_N: tl.constexpr = 1):
         # Program (i, k) covers words [k W_SPLIT, (k + 1) W_SPLIT) of each row half of rows
         # block i (PARTIAL: ``add_splits``); the arithmetic is ``_int4_words_piece``'s.
+        # EPI (``int4_gemv_split_norm``): NORMED, x is a residual stream whose RMSNorm is
+        # applied here, its weight (nw_ptr) to x and its scale, from the n_ss sums of
+        # squares at ss_ptr, to the sums; ADDED, y + the residual at res_ptr is written
+        # (``_store_added``) with its sums of squares by row block into ss_ptr.
         pdl_wait(PDL)
         pid_k = tl.program_id(1)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         y = _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, pid_k * W_SPLIT,
                               tl.minimum(hw, (pid_k + 1) * W_SPLIT), G, BLOCK_N, GROUPS, EVEN,
-                              STAGES, BF16)
+                              STAGES, BF16, nw_ptr, EPI == 1)
         pdl_release(PDL)
-        _store_row(y_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, PARTIAL)
+        if EPI == 1:  # NORMED: the scale is one number per token, applied to the sums
+            i = tl.arange(0, SS_N)
+            ss = tl.sum(tl.load(ss_ptr + i, mask=i < n_ss, other=0.0), axis=0)
+            y = y * (1.0 / tl.sqrt(ss / K + eps))
+        if EPI == 2:  # ADDED
+            _store_added(y_ptr, res_ptr, ss_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, PARTIAL)
+        else:
+            _store_row(y_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, PARTIAL)
 
     @triton.jit
     def _stream_pieces(part_ptr, cnt_ptr, t, offs, P, STEPS, UNITS, SIZE: tl.constexpr):
@@ -491,6 +529,26 @@ if triton is not None:
                        tl.program_id(0))
         else:
             tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+    @triton.jit
+    def _store_added(h_ptr, res_ptr, ss_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N,
+                     PARTIAL: tl.constexpr):
+        """y [BN] (fp32) of rows ``rn`` plus the residual there, rounded as the add +
+        RMSNorm kernel rounds them (y in the model dtype first), into h_ptr[rn], and the sum
+        of their squares into ss_ptr[row block]; split along K (grid axis 1), by the block's
+        last program to arrive (``gather_splits``)."""
+        mask = rn < N
+        last, total = True, y
+        if PARTIAL:
+            last, total = gather_splits(part_ptr, cnt_ptr, y, rn, mask, N, pid_k,
+                                        tl.num_programs(1), tl.program_id(0))
+        if last:
+            dt = h_ptr.dtype.element_ty
+            r = tl.load(res_ptr + rn, mask=mask, other=0.0).to(tl.float32)
+            h = (total.to(dt).to(tl.float32) + r).to(dt)
+            tl.store(h_ptr + rn, h, mask=mask)
+            hf = h.to(tl.float32)
+            tl.store(ss_ptr + tl.program_id(0), tl.sum(hf * hf, axis=0))
 
     @triton.jit
     def _store_tile(y_ptr, acc, rm, rn, pid_k, M, N, SWAP: tl.constexpr,
@@ -801,6 +859,65 @@ def _int8_words(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     return carried
 
 
+def _int4_words(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor, G: int,
+                cfg: dict, epi: int = PLAIN, norm_w: torch.Tensor | None = None,
+                ss: torch.Tensor | None = None, eps: float = 0.0,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One token x [1, K] through the word-wise int4 GEMV (``_int4_gemv_words``, epilogue
+    ``epi``): (y [1, N], and for ADDED the sums of squares by row block [blocks] fp32)."""
+    K, N = x.shape[1], packed.shape[0]
+    groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
+    bn, split, per = _gemv_grid(cfg, N, K // 8, groups * G // 4, x.device)
+    blocks = triton.cdiv(N, bn)
+    y, part, cnt = added_in_kernel(x, 1, N, split, blocks)
+    out_ss = torch.empty(blocks, device=x.device, dtype=torch.float32) if epi == ADDED else None
+    ss_arg = out_ss if epi == ADDED else ss
+    _int4_gemv_words[(blocks, split)](
+        x, packed.view(torch.int32), scale_min, y, part, cnt, N, K, K // 8, per, norm_w,
+        ss_arg, 0 if ss_arg is None else ss_arg.numel(), residual, eps, G=G, BLOCK_N=bn,
+        GROUPS=groups, EVEN=N % bn == 0 and (K // 2) % (groups * G) == 0,
+        STAGES=cfg.get("STAGES", 1),
+        BF16=x.dtype == scale_min.dtype == torch.bfloat16 and K % 8 == 0,
+        PARTIAL=split > 1, EPI=epi,
+        SS_N=1 if ss_arg is None else triton.next_power_of_2(ss_arg.numel()),
+        **_launch_opts(cfg, x.device))
+    return y, out_ss
+
+
+def _words_config(G: int) -> dict | None:
+    """The one-token config of int4 group size G where it is the word-wise GEMV."""
+    cfg = CONFIGS.get(f"int4-g{G}", {}).get(1) or CONFIGS["int4"][1]
+    return cfg if cfg.get("WORDS") else None
+
+
+def int4_split_norm_runs(x: torch.Tensor, group_size: int) -> bool:
+    """Whether ``int4_gemv_added`` / ``int4_gemv_normed`` serve this one-token call."""
+    return (SPLIT_NORM and x.shape[0] == 1 and x.device.type == "cuda"
+            and _words_config(group_size) is not None)
+
+
+def int4_gemv_added(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
+                    group_size: int, residual: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token: (h = x @ W.T + residual [1, N], rounded as the add + RMSNorm kernel rounds
+    it, and the sums of squares of h by row block [blocks] fp32, the first half of the next
+    RMSNorm: ``int4_gemv_normed`` does the rest)."""
+    cfg = _words_config(group_size)
+    return _int4_words(x.contiguous(), packed, scale_min, group_size, cfg, ADDED,
+                       residual=residual.contiguous())
+
+
+def int4_gemv_normed(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
+                     group_size: int, norm_w: torch.Tensor, ss: torch.Tensor, eps: float
+                     ) -> torch.Tensor:
+    """One token: rms_norm(x) * norm_w @ W.T [1, N], for x [1, K] whose sums of squares by
+    part are ``ss`` (``int4_gemv_added``): the norm's weight multiplies x on its way in, its
+    scale the sums on their way out, so no kernel runs the norm over the row first."""
+    cfg = _words_config(group_size)
+    return _int4_words(x.contiguous(), packed, scale_min, group_size, cfg, NORMED,
+                       norm_w=norm_w, ss=ss, eps=eps)[0]
+
+
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
                 group_size: int, config: dict | None = None) -> torch.Tensor:
     """x [M, K] @ W.T with W unpacked from (packed [N, K/2], scale_min [N, K/(2G), 4]) ->
@@ -815,15 +932,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
     if M == 1 and "BYTES" in cfg:  # GEMV configs carry BYTES, GEMM configs GROUPS
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
         if cfg.get("WORDS"):
-            bn, split, per = _gemv_grid(cfg, N, K // 8, groups * G // 4, x.device)
-            y, part, cnt = added_in_kernel(x, M, N, split, triton.cdiv(N, bn))
-            _int4_gemv_words[(triton.cdiv(N, bn), split)](
-                x, packed.view(torch.int32), scale_min, y, part, cnt, N, K, K // 8, per, G=G,
-                BLOCK_N=bn, GROUPS=groups, EVEN=N % bn == 0 and half % (groups * G) == 0,
-                STAGES=cfg.get("STAGES", 1),
-                BF16=x.dtype == scale_min.dtype == torch.bfloat16 and K % 8 == 0,
-                PARTIAL=split > 1, **_launch_opts(cfg, x.device))
-            return y
+            return _int4_words(x, packed, scale_min, G, cfg)[0]
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
         bn = cfg["BLOCK_N"]
         even = N % bn == 0 and half % (groups * G) == 0

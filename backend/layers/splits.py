@@ -36,24 +36,33 @@ COUNTERS = 1 << 16  # tiles a kernel using ``add_splits`` may have (one counter 
 
 if triton is not None:
     @triton.jit
-    def add_splits(y_ptr, part_ptr, cnt_ptr, acc, offs, mask, numel, pid_k, n_split, tile):
+    def gather_splits(part_ptr, cnt_ptr, acc, offs, mask, numel, pid_k, n_split, tile):
         """A K-split program's fp32 sums ``acc`` (at ``offs`` of a [numel] output) into the
-        partials [n_split, numel]; the tile's last program to arrive adds them up in split
-        order (so the sum does not depend on which is last), writes y in its dtype and
-        leaves the tile's counter at 0 for the next launch. The next kernel on the stream
-        starts only after this grid has finished (stream order, and ``pdl.wait``), so
-        kernels can share the counters."""
+        partials [n_split, numel]: (whether this program is the tile's last to arrive, and
+        then the partials added up in split order, so the sum does not depend on which is
+        last; else zeros). The last leaves the tile's counter at 0 for the next launch. The
+        next kernel on the stream starts only after this grid has finished (stream order,
+        and ``pdl.wait``), so kernels can share the counters."""
         tl.store(part_ptr + pid_k * numel + offs, acc, mask=mask)
         tl.debug_barrier()  # every thread's partial is stored before the release below
         arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == n_split - 1:
-            total = tl.zeros_like(acc)
+        last = arrived == n_split - 1
+        total = tl.zeros_like(acc)
+        if last:
             for k in range(0, n_split):
                 # .cg: from L2; this multiprocessor's L1 may hold an earlier launch's lines
                 total += tl.load(part_ptr + k * numel + offs, mask=mask, other=0.0,
                                  cache_modifier=".cg")
-            tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=mask)
             tl.store(cnt_ptr + tile, 0)
+        return last, total
+
+    @triton.jit
+    def add_splits(y_ptr, part_ptr, cnt_ptr, acc, offs, mask, numel, pid_k, n_split, tile):
+        """``gather_splits``, then the tile's last program writes y in its dtype."""
+        last, total = gather_splits(part_ptr, cnt_ptr, acc, offs, mask, numel, pid_k, n_split,
+                                    tile)
+        if last:
+            tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=mask)
 
     @fast
     @triton.jit

@@ -85,6 +85,28 @@ _CHECK = textwrap.dedent("""
         for cfg in [None] + gemv4 + words4:
             y = qk.int4_matmul(x, packed, sm, G, cfg).float()
             assert ((y - ref).abs().max() / ref.abs().max()).item() < 2e-2, (N, K, G, cfg)
+    # the norm split between two word-wise GEMVs (fp32: the interpreter's bf16 casts
+    # truncate): ADDED writes the matmul + residual and its sums of squares by row block,
+    # NORMED takes them for rms_norm(x) * w; split and unsplit grids, whole and cut tiles
+    split_cfg = dict(BLOCK_N=16, BYTES=128, MAGIC=1, WORDS=1, STAGES=1, PROGRAMS_PER_SM=4,
+                     SPLIT_GEMV=1, num_warps=2, num_stages=3)
+    for N, K, G, cfg in ((256, 512, 128, None), (320, 1024, 128, split_cfg),
+                         (192, 256, 32, dict(split_cfg, BYTES=32))):
+        g = quantize_int4(torch.randn(N, K, generator=gen) * 0.05, G)
+        packed, sm = qk.pack_int4(g.codes), qk.pack_scale_min(g.scale, g.min)
+        cfg = cfg or qk._words_config(G)
+        x, res = torch.randn(1, K, generator=gen), torch.randn(1, N, generator=gen)
+        h, ss = qk._int4_words(x, packed, sm, G, cfg, qk.ADDED, residual=res)
+        assert torch.equal(h, qk.int4_matmul(x, packed, sm, G, cfg) + res), (N, K, cfg)
+        close(ss.sum(), h.pow(2).sum())
+        M2 = 64
+        g2 = quantize_int4(torch.randn(M2, N, generator=gen) * 0.05, 32)
+        p2, sm2 = qk.pack_int4(g2.codes), qk.pack_scale_min(g2.scale, g2.min)
+        nw = 1 + 0.1 * torch.randn(N, generator=gen)
+        z = qk._int4_words(h, p2, sm2, 32, dict(split_cfg, BYTES=32), qk.NORMED, norm_w=nw,
+                           ss=ss, eps=1e-5)[0]
+        xn = h * torch.rsqrt(h.pow(2).mean() + 1e-5) * nw
+        close(z, xn @ g2.dequantize().t())
     print("ok")
 """)
 
