@@ -252,7 +252,8 @@ class Linear(nn.Module):
         return None
 
     def adds_residual(self, x: torch.Tensor) -> bool:
-        """Whether ``one_token_added`` serves activation x [1, K]."""
+        """Whether ``one_token_added`` serves a one-token call whose input is x (before its
+        prologue: only x's rows and device matter)."""
         return False
 
     def one_token_added(self, x: torch.Tensor, residual: torch.Tensor
@@ -305,11 +306,9 @@ def matmul_into_stream(linear: Linear, x: torch.Tensor, prologue: Prologue,
     residual, the sum's sums of squares by part), which a NORM prologue with ``ss`` takes
     over as the stream: the add + RMSNorm kernel between the two layers does not run."""
     if (ops.fuse_one_token and residual is not None and x.shape[0] == 1
-            and prologue.kind in (NONE, SILU_MUL)):
+            and prologue.kind in (NONE, SILU_MUL) and linear.adds_residual(x)):
         a = ops.silu_mul(x) if prologue.kind == SILU_MUL else x
-        if linear.adds_residual(a):
-            return linear.one_token_added(a, residual)
-        return matmul(linear, a, Prologue(), ops)[0], None
+        return linear.one_token_added(a, residual)
     return matmul(linear, x, prologue, ops)[0], None
 
 

@@ -5,6 +5,7 @@ layer to layer with the same q, k, v as the norm kernels give. CUDA only (the ke
 arithmetic in the interpreter: ``test_quant_kernels.py``)."""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -12,8 +13,8 @@ import torch
 
 from backend.layers import quant_kernels
 from backend.layers.fused_ops import TRITON
-from backend.layers.gemv import NORM, Prologue
-from backend.layers.linear import LinearRows, WeightFormat, make_linear
+from backend.layers.gemv import NORM, SILU_MUL, Prologue
+from backend.layers.linear import LinearRows, WeightFormat, make_linear, matmul_into_stream
 from backend.model import DecoderLayer, Summed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -86,3 +87,17 @@ def test_a_block_at_one_token_carries_the_sum_to_the_next(monkeypatch):
                                                                rope=False)]
     for got, want in zip(runs[True], runs[False]):
         assert _rel(got, want) < 2e-2
+
+
+@pytest.mark.parametrize("fmt", [WeightFormat(), WeightFormat("int8")])
+def test_layers_without_the_epilogue_keep_their_own_fused_prologue(fmt):
+    layer = make_linear(fmt, 512, 1024, False, CUDA, torch.bfloat16)
+    LinearRows(layer).load(_randn(512, 1024, seed=9, scale=0.05).float().cpu())
+    calls = []
+    ops = dataclasses.replace(TRITON, silu_mul=lambda x: calls.append(x) or TRITON.silu_mul(x))
+    gate_up, res = _randn(1, 2048, seed=10), _randn(1, 512, seed=11)
+    assert not layer.adds_residual(gate_up)
+    y, ss = matmul_into_stream(layer, gate_up, Prologue(SILU_MUL), res, ops)
+    assert ss is None and y.shape == (1, 512)
+    if fmt.kind == "dense":  # the bf16 GEMV computes SiLU·mul itself: no separate kernel
+        assert not calls
