@@ -4,7 +4,7 @@
 # (ab.py), the same step at 512-token contexts in a process each (with: through the profiler,
 # kernel time by name), then the GEMV's split sum and the split's two halves priced per
 # Llama-2-7B shape (probe.py). Into $OUT.
-#   bash docs/benchmarks/quant/int4-gemv-partials/call.sh        (carry .whl)
+#   bash docs/benchmarks/quant/int4-gemv-partials/call.sh        (carry .whl; PROBE_S=0 skips the probe)
 export PYTHONUNBUFFERED=1
 source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
 D=docs/benchmarks/quant/int4-gemv-partials
@@ -25,6 +25,8 @@ dp split 1 20
 dp kernel 0 0
 (cd $OUT && tar czf dp.tgz dp-split dp-kernel 2>/dev/null; rm -rf dp-split dp-kernel)
 date -u
-timeout ${PROBE_S:-180} python3 $D/probe.py $OUT/partials.json 2>&1 | grep -v -i warn \
-  | tee $OUT/partials.log | tail -12
-date -u
+if [ "${PROBE_S:-180}" != 0 ]; then
+  timeout ${PROBE_S:-180} python3 $D/probe.py $OUT/partials.json 2>&1 | grep -v -i warn \
+    | tee $OUT/partials.log | tail -12
+  date -u
+fi
