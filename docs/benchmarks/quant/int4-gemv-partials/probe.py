@@ -5,11 +5,11 @@ partials, the last of a row block to arrive adds them up behind an acquire-relea
   * the same arithmetic whose programs only store their partials (a consumer would add the
     ``split`` fp32 rows when it reads them), with the committed grid and with more splits,
     and unsplit grids (plain stores);
-  * ``added``: the committed GEMV whose last program of a row block also adds the residual
-    to its rows, stores that sum (the next residual) and its rows' sum of squares (the
-    producer's half of a norm: o and down);
-  * ``normed``: the committed GEMV on x times the norm's weight, its sums scaled by the
-    rstd of those sums of squares (the consumer's half: q|k|v and gate|up).
+  * ``added``: the GEMV with its ADDED epilogue (``quant_kernels.int4_gemv_added``: the
+    residual added, the sum's sums of squares by row block; the producer's half of the
+    RMSNorm split between two GEMVs: o and down);
+  * ``normed``: the GEMV with its NORMED epilogue (``int4_gemv_normed``: x times the norm's
+    weight, the sums times the norm's scale; the consumer's half: q|k|v and gate|up).
 Per Llama-2-7B shape, codes and records rotated past L2 (benchmarks.quant_sweep's Weights),
 CUDA-graph replays, us a call; two rounds.
 
@@ -31,8 +31,7 @@ from backend.layers import quant_kernels as qk
 from backend.layers.gpu import multiprocessors
 from backend.layers.pdl import release as pdl_release
 from backend.layers.pdl import wait as pdl_wait
-from backend.layers.quant_kernels import _int4_words_piece, _store_row
-from backend.layers.splits import counters
+from backend.layers.quant_kernels import _int4_words_piece
 from benchmarks.quant import time_rotating
 from benchmarks.quant_sweep import SHAPES_7B, Weights, copy_gbs
 
@@ -58,54 +57,6 @@ def _parts(x_ptr, p_ptr, sm_ptr, part_ptr, N, K, hw, W_SPLIT, G: tl.constexpr,
     tl.store(part_ptr + pid_k * N + rn, y, mask=rn < N)
 
 
-@triton.jit
-def _added(x_ptr, p_ptr, sm_ptr, res_ptr, h_ptr, ss_ptr, part_ptr, cnt_ptr, N, K, hw, W_SPLIT,
-           G: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
-           BF16: tl.constexpr, PDL: tl.constexpr):
-    # as _int4_gemv_words split along K; the last program of row block i to arrive sums the
-    # partials in split order, then h = y + residual (as the add + RMSNorm kernel rounds
-    # them) into h_ptr and sum(h^2) over its rows into ss_ptr[i]
-    pdl_wait(PDL)
-    pid_k, tile = tl.program_id(1), tl.program_id(0)
-    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    y = _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, pid_k * W_SPLIT,
-                          tl.minimum(hw, (pid_k + 1) * W_SPLIT), G, BLOCK_N, 1, EVEN, STAGES,
-                          BF16)
-    pdl_release(PDL)
-    mask = rn < N
-    n_split = tl.num_programs(1)
-    tl.store(part_ptr + pid_k * N + rn, y, mask=mask)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == n_split - 1:
-        total = tl.zeros_like(y)
-        for k in range(0, n_split):
-            total += tl.load(part_ptr + k * N + rn, mask=mask, other=0.0, cache_modifier=".cg")
-        r = tl.load(res_ptr + rn, mask=mask, other=0.0).to(tl.float32)
-        h = (total.to(h_ptr.dtype.element_ty).to(tl.float32) + r).to(h_ptr.dtype.element_ty)
-        tl.store(h_ptr + rn, h, mask=mask)
-        hf = h.to(tl.float32)
-        tl.store(ss_ptr + tile, tl.sum(hf * hf, axis=0))
-        tl.store(cnt_ptr + tile, 0)
-
-
-@triton.jit
-def _normed(x_ptr, p_ptr, sm_ptr, nw_ptr, ss_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw, W_SPLIT,
-            eps, G: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
-            STAGES: tl.constexpr, BF16: tl.constexpr, SS_N: tl.constexpr, PDL: tl.constexpr):
-    # as _int4_gemv_words on x * nw, its sums times rsqrt(sum(ss_ptr[:SS_N]) / K + eps)
-    pdl_wait(PDL)
-    pid_k = tl.program_id(1)
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    y = _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, pid_k * W_SPLIT,
-                          tl.minimum(hw, (pid_k + 1) * W_SPLIT), G, BLOCK_N, 1, EVEN, STAGES,
-                          BF16, nw_ptr, True)
-    pdl_release(PDL)
-    ss = tl.sum(tl.load(ss_ptr + tl.arange(0, SS_N)), axis=0)
-    y = y * (1.0 / tl.sqrt(ss / K + eps))
-    _store_row(y_ptr, part_ptr, cnt_ptr, y, rn, pid_k, N, True)
-
-
 def grid(N: int, K: int, bn: int, per_sm: int, max_split: int) -> tuple[int, int]:
     """(programs along K, words per program): K split until ``per_sm`` programs a
     multiprocessor, at most ``max_split`` ways, at least one 128-byte step each."""
@@ -128,32 +79,12 @@ def parts(x, packed, sm, out, bn, split, per, nw, stages):
     return out
 
 
-def base_grid(N: int, K: int) -> tuple[int, int, int]:
-    """The committed config's (rows a program, programs along K, words per program)."""
-    return qk._gemv_grid(BASE, N, K // 8, G // 4, dev)
+def added(x, packed, sm, res):
+    return qk._int4_words(x, packed, sm, G, BASE, qk.ADDED, residual=res)
 
 
-def added(x, packed, sm, res, h, ss, part):
-    N, K = packed.shape[0], x.shape[1]
-    bn, split, per = base_grid(N, K)
-    opts = {} if SMOKE else dict(num_warps=BASE["num_warps"], num_stages=3)
-    _added[(triton.cdiv(N, bn), split)](
-        x, packed.view(torch.int32), sm, res, h, ss, part, counters(x.device), N, K, K // 8,
-        per, G=G, BLOCK_N=bn, EVEN=N % bn == 0 and (K // 2) % G == 0, STAGES=BASE["STAGES"],
-        BF16=x.dtype == sm.dtype == torch.bfloat16, **opts, **pdl.launch(x.device))
-    return h, ss
-
-
-def normed(x, packed, sm, nw, ss, y, part):
-    N, K = packed.shape[0], x.shape[1]
-    bn, split, per = base_grid(N, K)
-    opts = {} if SMOKE else dict(num_warps=BASE["num_warps"], num_stages=3)
-    _normed[(triton.cdiv(N, bn), split)](
-        x, packed.view(torch.int32), sm, nw, ss, y, part, counters(x.device), N, K, K // 8,
-        per, 1e-5, G=G, BLOCK_N=bn, EVEN=N % bn == 0 and (K // 2) % G == 0,
-        STAGES=BASE["STAGES"], BF16=x.dtype == sm.dtype == torch.bfloat16, SS_N=ss.numel(),
-        **opts, **pdl.launch(x.device))
-    return y
+def normed(x, packed, sm, nw, ss):
+    return qk._int4_words(x, packed, sm, G, BASE, qk.NORMED, norm_w=nw, ss=ss, eps=1e-5)[0]
 
 
 # name: (rows a program, warps, programs a multiprocessor aimed at, most splits, stages)
@@ -180,27 +111,22 @@ for name, N, K in shapes:
     rot = list(zip(w._rotated(G, packed), w._rotated((G, "sm"), sm, packed)))
     # the producer's half: y + residual and its sums of squares, against the GEMV then the
     # same sums in torch (the add + RMSNorm kernel's rounding: y in the model dtype first)
-    bn, split, _ = base_grid(N, K)
     res_in = torch.randn(1, N, device=dev).to(w.dtype)
-    h = torch.empty(1, N, device=dev, dtype=w.dtype)
-    ss = torch.zeros(triton.cdiv(N, bn), device=dev, dtype=torch.float32)
-    part = torch.empty(max(split, 1), N, device=dev, dtype=torch.float32)
-    added(x, packed, sm, res_in, h, ss, part)
+    h, ss = added(x, packed, sm, res_in)
     h_ref = (qk.int4_matmul(x, packed, sm, G, BASE).float() + res_in.float()).to(w.dtype)
     row["added_same_h"] = bool(torch.equal(h, h_ref))
     row["added_ss_err"] = abs(ss.sum().item() - h_ref.float().pow(2).sum().item()) / \
         h_ref.float().pow(2).sum().item()
-    ways["added"] = [partial(added, x, p, s, res_in, h, ss, part) for p, s in rot]
+    ways["added"] = [partial(added, x, p, s, res_in) for p, s in rot]
     # the consumer's half: x * norm weight through the GEMV, scaled by the rstd of 64 sums
     nw = (1 + 0.1 * torch.randn(K, device=dev)).to(w.dtype)
     ss_in = (x.float().pow(2).sum() / 64 * torch.ones(64, device=dev)).float()
-    y = torch.empty(1, N, device=dev, dtype=w.dtype)
-    normed(x, packed, sm, nw, ss_in, y, part)
+    y = normed(x, packed, sm, nw, ss_in)
     xn = x.float() * nw.float()
     ref_n = xn @ qk.dequantize_int4(packed, sm, G).float().t() \
         * torch.rsqrt(x.float().pow(2).mean() + 1e-5)
     row["normed_err"] = ((y.float() - ref_n).norm() / ref_n.norm()).item()
-    ways["normed"] = [partial(normed, x, p, s, nw, ss_in, y, part) for p, s in rot]
+    ways["normed"] = [partial(normed, x, p, s, nw, ss_in) for p, s in rot]
     for v, (bn, nw, ps, ms, st) in VARIANTS.items():
         split, per = grid(N, K, bn, ps, ms)
         out = torch.zeros(split, N, device=dev, dtype=torch.float32)
