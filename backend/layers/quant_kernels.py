@@ -64,9 +64,10 @@ AVAILABLE = triton is not None and (torch.cuda.is_available()
 # The one-token int4 GEMV's epilogues (``_int4_gemv_words``' EPI): an RMSNorm split between
 # the GEMV that makes its input (ADDED: the residual add and the sums of squares) and the
 # GEMV that consumes it (NORMED: the weight on x, the scale on the sums), so the add + RMSNorm
-# kernel between them does not run. ``FIRSTTOKEN_SPLIT_NORM=0`` keeps the norm kernel.
+# kernel between them does not run. Off unless ``FIRSTTOKEN_SPLIT_NORM=1``: not yet timed on
+# a GPU (docs/BENCHMARKS.md "The RMSNorm split between int4 one-token GEMVs").
 PLAIN, NORMED, ADDED = 0, 1, 2
-SPLIT_NORM = os.environ.get("FIRSTTOKEN_SPLIT_NORM", "1") != "0"
+SPLIT_NORM = os.environ.get("FIRSTTOKEN_SPLIT_NORM", "0") == "1"
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:

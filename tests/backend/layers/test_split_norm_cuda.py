@@ -22,6 +22,11 @@ CUDA = torch.device("cuda")
 INT4 = WeightFormat("int4", None, 128)
 
 
+@pytest.fixture(autouse=True)
+def split_norm(monkeypatch):
+    monkeypatch.setattr(quant_kernels, "SPLIT_NORM", True)
+
+
 def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=gen) * scale).to(CUDA, torch.bfloat16)

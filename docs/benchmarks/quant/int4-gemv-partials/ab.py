@@ -1,9 +1,9 @@
 """The engine's int4 g128 batch-1 decode step (synthetic Llama-2-7B, 16-token prompts, CUDA
 graphs) with the RMSNorm split between the one-token GEMVs (``quant_kernels.SPLIT_NORM``,
-the default) and without it (the add + RMSNorm kernel between them); and, as an upper bound
-of what removing those kernels could win, without the split and with the norm kernel
-replaced by nothing (``no_norm``: the step computes garbage, only its time means anything).
-Each variant builds its own engine; variants alternate, ROUNDS rounds.
+``FIRSTTOKEN_SPLIT_NORM=1``) and without it (the add + RMSNorm kernel between them); and,
+as an upper bound of what removing those kernels could win, without the split and with the
+norm kernel replaced by nothing (``no_norm``: the step computes garbage, only its time
+means anything). Each variant builds its own engine; variants alternate, ROUNDS rounds.
 
     [ROUNDS=2] python docs/benchmarks/quant/int4-gemv-partials/ab.py OUT_JSON
 """
@@ -25,6 +25,7 @@ def no_norm(x, residual, weight, eps):  # no kernel: x as the normed row, residu
 
 VARIANTS = {"split": (True, {}), "kernel": (False, {}),
             "no_norm_bound": (False, {"add_rms_norm": no_norm})}
+was = quant_kernels.SPLIT_NORM
 res = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "runs": []}
 for rnd in range(int(os.environ.get("ROUNDS", "2"))):
     for name, (split, fields) in VARIANTS.items():
@@ -36,4 +37,4 @@ for rnd in range(int(os.environ.get("ROUNDS", "2"))):
         print(name, rnd, r["step_ms_batch1"], flush=True)
         json.dump(res, open(sys.argv[1], "w"), indent=1)
 model_mod.TRITON = TRITON
-quant_kernels.SPLIT_NORM = True
+quant_kernels.SPLIT_NORM = was
