@@ -5,7 +5,7 @@ as an upper bound of what removing those kernels could win, without the split an
 norm kernel replaced by nothing (``no_norm``: the step computes garbage, only its time
 means anything). Each variant builds its own engine; variants alternate, ROUNDS rounds.
 
-    [ROUNDS=2] python docs/benchmarks/quant/int4-gemv-partials/ab.py OUT_JSON
+    [ROUNDS=2] [VARIANTS=split,kernel] python docs/benchmarks/quant/int4-gemv-partials/ab.py OUT
 """
 import dataclasses
 import json
@@ -25,6 +25,8 @@ def no_norm(x, residual, weight, eps):  # no kernel: x as the normed row, residu
 
 VARIANTS = {"split": (True, {}), "kernel": (False, {}),
             "no_norm_bound": (False, {"add_rms_norm": no_norm})}
+if os.environ.get("VARIANTS"):  # a subset, by name
+    VARIANTS = {v: VARIANTS[v] for v in os.environ["VARIANTS"].split(",")}
 was = quant_kernels.SPLIT_NORM
 res = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "runs": []}
 for rnd in range(int(os.environ.get("ROUNDS", "2"))):

@@ -4,7 +4,8 @@
 # (ab.py), the same step at 512-token contexts in a process each (with: through the profiler,
 # kernel time by name), then the GEMV's split sum and the split's two halves priced per
 # Llama-2-7B shape (probe.py). Into $OUT.
-#   bash docs/benchmarks/quant/int4-gemv-partials/call.sh        (carry .whl; PROBE_S=0 skips the probe)
+#   bash docs/benchmarks/quant/int4-gemv-partials/call.sh        (carry .whl; PROBE_S=0 skips the probe,
+#   AB_ONLY=1 stops after the tests and ab.py)
 export PYTHONUNBUFFERED=1
 source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
 D=docs/benchmarks/quant/int4-gemv-partials
@@ -14,6 +15,7 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider tests/backend/layers/test_s
 echo "pytest cuda rc=$?"; tail -3 $OUT/pytest-cuda.log
 timeout ${AB_S:-200} python3 $D/ab.py $OUT/ab.json 2>&1 | grep -v -i warn | tee $OUT/ab.log | tail -8
 date -u
+[ "${AB_ONLY:-0}" = 1 ] && exit 0
 dp() {  # tag split steps
   timeout 100 env FIRSTTOKEN_SPLIT_NORM=$2 python3 -m benchmarks.decode_profile \
     --model synthetic:llama-2-7b --device cuda --dtype bfloat16 --weights-dtype int4 \
