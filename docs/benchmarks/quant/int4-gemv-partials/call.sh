@@ -4,8 +4,8 @@
 # (ab.py), the same step at 512-token contexts in a process each (with: through the profiler,
 # kernel time by name), then the GEMV's split sum and the split's two halves priced per
 # Llama-2-7B shape (probe.py). Into $OUT.
-#   bash docs/benchmarks/quant/int4-gemv-partials/call.sh        (carry .whl; PROBE_S=0 skips the probe,
-#   AB_ONLY=1 stops after the tests and ab.py)
+#   bash docs/benchmarks/quant/int4-gemv-partials/call.sh        (carry .whl)
+#   PROBE_S=0 skips the probe; AB_ONLY=1 stops after the tests and ab.py
 export PYTHONUNBUFFERED=1
 source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
 D=docs/benchmarks/quant/int4-gemv-partials
