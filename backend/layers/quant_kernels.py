@@ -476,7 +476,7 @@ if triton is not None:
                          PDL: tl.constexpr, EPI: tl.constexpr = 0, SS_N: tl.constexpr = 1):
         # Program (i, k) covers words [k W_SPLIT, (k + 1) W_SPLIT) of each row half of rows
         # block i (PARTIAL: ``add_splits``); the arithmetic is ``_int4_words_piece``'s.
-        # EPI (``int4_gemv_split_norm``): NORMED, x is a residual stream whose RMSNorm is
+        # EPI (``int4_gemv_normed`` / ``int4_gemv_added``): NORMED, x is a residual stream whose RMSNorm is
         # applied here, its weight (nw_ptr) to x and its scale, from the n_ss sums of
         # squares at ss_ptr, to the sums; ADDED, y + the residual at res_ptr is written
         # (``_store_added``) with its sums of squares by row block into ss_ptr.
@@ -878,7 +878,8 @@ def _int4_words(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor, 
         ss_arg, 0 if ss_arg is None else ss_arg.numel(), residual, eps, G=G, BLOCK_N=bn,
         GROUPS=groups, EVEN=N % bn == 0 and (K // 2) % (groups * G) == 0,
         STAGES=cfg.get("STAGES", 1),
-        BF16=x.dtype == scale_min.dtype == torch.bfloat16 and K % 8 == 0,
+        BF16=x.dtype == scale_min.dtype == torch.bfloat16 and K % 8 == 0
+        and (norm_w is None or norm_w.dtype == torch.bfloat16),
         PARTIAL=split > 1, EPI=epi,
         SS_N=1 if ss_arg is None else triton.next_power_of_2(ss_arg.numel()),
         **_launch_opts(cfg, x.device))
