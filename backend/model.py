@@ -147,7 +147,7 @@ class DecoderLayer(nn.Module):
         y, ss = matmul_into_stream(self.down, gate_up, Prologue(SILU_MUL), residual, ops)
         return y, (residual if ss is None else Summed(ss))
 
-    def forward(self, idx: int, x: torch.Tensor, residual: torch.Tensor | None,
+    def forward(self, idx: int, x: torch.Tensor, residual: torch.Tensor | Summed | None,
                 cos: torch.Tensor, sin: torch.Tensor, attn: Attention,
                 meta: AttentionMetadata, ops: StepOps = EAGER
                 ) -> tuple[torch.Tensor, torch.Tensor]:
