@@ -150,7 +150,7 @@ class DecoderLayer(nn.Module):
     def forward(self, idx: int, x: torch.Tensor, residual: torch.Tensor | Summed | None,
                 cos: torch.Tensor, sin: torch.Tensor, attn: Attention,
                 meta: AttentionMetadata, ops: StepOps = EAGER
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                ) -> tuple[torch.Tensor, torch.Tensor | Summed]:
         in_store = ops.rope_in_kv_store and attn.rotates_in_store
         q, k, v, residual = self.pre_attention_fn(x, residual, cos, sin, ops, not in_store)
         with stage("attention"):  # a profiler range only while a capture runs
