@@ -107,6 +107,12 @@ _CHECK = textwrap.dedent("""
                            ss=ss, eps=1e-5)[0]
         xn = h * torch.rsqrt(h.pow(2).mean() + 1e-5) * nw
         close(z, xn @ g2.dequantize().t())
+        # bf16: x, the norm's weight and the records read as 8-byte words
+        sm2b = qk.pack_scale_min(g2.scale.bfloat16(), g2.min.bfloat16())
+        zb = qk._int4_words(h.bfloat16(), p2, sm2b, 32, dict(split_cfg, BYTES=32), qk.NORMED,
+                            norm_w=nw.bfloat16(), ss=ss, eps=1e-5)[0].float()
+        ref = xn @ qk.dequantize_int4(p2, sm2b, 32).float().t()
+        assert ((zb - ref).norm() / ref.norm()).item() < 2e-2, (N, K, cfg)
     print("ok")
 """)
 
