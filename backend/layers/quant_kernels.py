@@ -886,9 +886,15 @@ def _int4_words(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor, 
     return y, out_ss
 
 
+def _int4_config(G: int, bucket: int) -> dict:
+    """The int4 kernel config of group size G for a token-count bucket ("int4-g<G>" over
+    "int4")."""
+    return CONFIGS.get(f"int4-g{G}", {}).get(bucket) or CONFIGS["int4"][bucket]
+
+
 def _words_config(G: int) -> dict | None:
     """The one-token config of int4 group size G where it is the word-wise GEMV."""
-    cfg = CONFIGS.get(f"int4-g{G}", {}).get(1) or CONFIGS["int4"][1]
+    cfg = _int4_config(G, 1)
     return cfg if cfg.get("WORDS") else None
 
 
@@ -929,7 +935,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor,
     half = K // 2
     x = x.contiguous()
     bucket = _bucket(M)
-    cfg = config or CONFIGS.get(f"int4-g{G}", {}).get(bucket) or CONFIGS["int4"][bucket]
+    cfg = config or _int4_config(G, bucket)
     block_m = max(16, bucket)
     if M == 1 and "BYTES" in cfg:  # GEMV configs carry BYTES, GEMM configs GROUPS
         groups = max(1, cfg["BYTES"] // G)  # groups per tile: about BYTES bytes of a row
