@@ -68,6 +68,10 @@ AVAILABLE = triton is not None and (torch.cuda.is_available()
 # a GPU (docs/BENCHMARKS.md "The RMSNorm split between int4 one-token GEMVs").
 PLAIN, NORMED, ADDED = 0, 1, 2
 SPLIT_NORM = os.environ.get("FIRSTTOKEN_SPLIT_NORM", "0") == "1"
+# The one-token int4 GEMV's first weight loads issued before the wait for the previous
+# kernel, its loop pipelined in registers (``_int4_words_piece_early``). Off unless
+# ``FIRSTTOKEN_INT4_EARLY=1``: not yet timed on a GPU.
+EARLY_WEIGHTS = os.environ.get("FIRSTTOKEN_INT4_EARLY", "0") == "1"
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
@@ -339,36 +343,69 @@ if triton is not None:
         return (a & -65536).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _int4_words_step(acc, acc_z, x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j0,
-                         G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                         EVEN: tl.constexpr, BF16: tl.constexpr, xm_ptr=None,
-                         XMUL: tl.constexpr = False):
-        """One step of ``_int4_words_piece``: words [j0, j0 + GROUPS G / 4) of rows ``rn``
-        into the sums (acc [BLOCK_N, GROUPS, G / 4], acc_z [BLOCK_N, GROUPS]). XMUL: x
-        times ``xm_ptr`` [K] (an RMSNorm's weight) column by column first."""
-        half = K // 2
-        hg = half // G
+    def _int4_words_cols(K, j0, G: tl.constexpr, GROUPS: tl.constexpr, end=None):
+        """Step j0's groups [GROUPS] (of a row half), word index [GROUPS, G / 4], and which
+        groups are inside the half (and before word ``end``)."""
         GW: tl.constexpr = G // 4
         g = j0 // GW + tl.arange(0, GROUPS)  # [GROUPS]
         wi = g[:, None] * GW + tl.arange(0, GW)[None, :]  # [GROUPS, GW] word index
-        ri = rn[:, None] * hg + g[None, :]  # [BN, GROUPS] record index
-        gm = g < hg
+        gm = g < K // 2 // G
+        if end is not None:
+            gm = gm & (g * GW < end)
+        return g, wi, gm
+
+    @triton.jit
+    def _int4_words_weights(p_ptr, sm_ptr, rn, N, K, hw, j0, G: tl.constexpr,
+                            GROUPS: tl.constexpr, EVEN: tl.constexpr, BF16: tl.constexpr,
+                            end=None):
+        """Step j0's codes [BN, GROUPS, G / 4] (int32 words) and, BF16, scale records [BN,
+        GROUPS] (int64; else the codes again, unused): the loads that depend on no earlier
+        kernel. ``end``: zeros for the groups from word ``end`` of a row half on (not
+        loaded)."""
+        g, wi, gm = _int4_words_cols(K, j0, G, GROUPS, end)
+        ri = rn[:, None] * (K // 2 // G) + g[None, :]  # [BN, GROUPS] record index
         sm = (rn[:, None] < N) & gm[None, :]
-        if EVEN:
-            w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :])
+        wp = p_ptr + rn[:, None, None] * hw + wi[None, :, :]
+        rp = sm_ptr.to(tl.pointer_type(tl.int64)) + ri
+        if EVEN and end is None:
+            w = tl.load(wp)
+            r = tl.load(rp) if BF16 else w
         else:
-            w = tl.load(p_ptr + rn[:, None, None] * hw + wi[None, :, :],
-                        mask=sm[:, :, None], other=0)
+            w = tl.load(wp, mask=sm[:, :, None], other=0)
+            r = tl.load(rp, mask=sm, other=0) if BF16 else w
+        return w, r
+
+    @triton.jit
+    def _int4_words_x(x_ptr, K, hw, j0, G: tl.constexpr, GROUPS: tl.constexpr,
+                      EVEN: tl.constexpr, end=None):
+        """Step j0's x as int64 words of four bf16 values [GROUPS, G / 4], of the low half
+        (x[4i .. 4i + 3]) and of the high half (x[half + 4i ..]). ``end``: as
+        ``_int4_words_weights``."""
+        g, wi, gm = _int4_words_cols(K, j0, G, GROUPS, end)
+        xw = x_ptr.to(tl.pointer_type(tl.int64))
+        if EVEN and end is None:
+            return tl.load(xw + wi), tl.load(xw + hw + wi)
+        return (tl.load(xw + wi, mask=gm[:, None], other=0),
+                tl.load(xw + hw + wi, mask=gm[:, None], other=0))
+
+    @triton.jit
+    def _int4_words_step(acc, acc_z, x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j0,
+                         G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                         EVEN: tl.constexpr, BF16: tl.constexpr, xm_ptr=None,
+                         XMUL: tl.constexpr = False, w=None, r=None, xw_lo=None, xw_hi=None):
+        """One step of ``_int4_words_piece``: words [j0, j0 + GROUPS G / 4) of rows ``rn``
+        into the sums (acc [BLOCK_N, GROUPS, G / 4], acc_z [BLOCK_N, GROUPS]). XMUL: x
+        times ``xm_ptr`` [K] (an RMSNorm's weight) column by column first. BF16 callers may
+        pass the step's codes, records and x words already loaded (``w``, ``r``, ``xw_lo``,
+        ``xw_hi``)."""
+        half = K // 2
+        GW: tl.constexpr = G // 4
+        g, wi, gm = _int4_words_cols(K, j0, G, GROUPS)
+        if w is None:
+            w, r = _int4_words_weights(p_ptr, sm_ptr, rn, N, K, hw, j0, G, GROUPS, EVEN, BF16)
+            if BF16:
+                xw_lo, xw_hi = _int4_words_x(x_ptr, K, hw, j0, G, GROUPS, EVEN)
         if BF16:
-            xw = x_ptr.to(tl.pointer_type(tl.int64))
-            if EVEN:
-                r = tl.load(sm_ptr.to(tl.pointer_type(tl.int64)) + ri)
-                xw_lo = tl.load(xw + wi)  # x[4i .. 4i + 3]
-                xw_hi = tl.load(xw + hw + wi)  # x[half + 4i ..]
-            else:
-                r = tl.load(sm_ptr.to(tl.pointer_type(tl.int64)) + ri, mask=sm, other=0)
-                xw_lo = tl.load(xw + wi, mask=gm[:, None], other=0)
-                xw_hi = tl.load(xw + hw + wi, mask=gm[:, None], other=0)
             r0, r1 = r.to(tl.int32), (r >> 32).to(tl.int32)
             s_lo, z_lo = _bf16_of_words(r0, r1, 0), _bf16_of_words(r0, r1, 1)
             s_hi, z_hi = _bf16_of_words(r0, r1, 2), _bf16_of_words(r0, r1, 3)
@@ -384,6 +421,8 @@ if triton is not None:
                 ml0, ml1 = mw_lo.to(tl.int32), (mw_lo >> 32).to(tl.int32)
                 mh0, mh1 = mw_hi.to(tl.int32), (mw_hi >> 32).to(tl.int32)
         else:
+            ri = rn[:, None] * (half // G) + g[None, :]
+            sm = (rn[:, None] < N) & gm[None, :]
             sp = sm_ptr + ri * 4
             if EVEN:
                 s_lo, z_lo = tl.load(sp).to(tl.float32), tl.load(sp + 1).to(tl.float32)
@@ -467,25 +506,63 @@ if triton is not None:
                                           BLOCK_N, GROUPS, EVEN, BF16, xm_ptr, XMUL)
         return tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
 
+    @triton.jit
+    def _int4_words_piece_early(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j_begin, j_end,
+                                G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                                EVEN: tl.constexpr, PDL: tl.constexpr):
+        """``_int4_words_piece`` (BF16, no XMUL) with the first two steps' codes and records
+        requested before the wait for the previous kernel (``pdl.wait``, which this does
+        instead of the caller): weights depend on no kernel, so their first loads travel
+        while the previous kernel finishes instead of after it. The loop is pipelined by
+        hand in registers, two steps of weights and one of x ahead (not cp.async: its
+        prologue would come after the wait). Same arithmetic and order, so the same sums."""
+        S: tl.constexpr = GROUPS * (G // 4)
+        GW: tl.constexpr = G // 4
+        w0, r0 = _int4_words_weights(p_ptr, sm_ptr, rn, N, K, hw, j_begin, G, GROUPS, EVEN,
+                                     True)
+        w1, r1 = _int4_words_weights(p_ptr, sm_ptr, rn, N, K, hw, j_begin + S, G, GROUPS,
+                                     EVEN, True, j_end)
+        pdl_wait(PDL)
+        xl0, xh0 = _int4_words_x(x_ptr, K, hw, j_begin, G, GROUPS, EVEN)
+        acc = tl.zeros((BLOCK_N, GROUPS, GW), dtype=tl.float32)
+        acc_z = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
+        for j0 in tl.range(j_begin, j_end, S, num_stages=1):
+            w2, r2 = _int4_words_weights(p_ptr, sm_ptr, rn, N, K, hw, j0 + 2 * S, G, GROUPS,
+                                         EVEN, True, j_end)
+            xl1, xh1 = _int4_words_x(x_ptr, K, hw, j0 + S, G, GROUPS, EVEN, j_end)
+            acc, acc_z = _int4_words_step(acc, acc_z, x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j0, G,
+                                          BLOCK_N, GROUPS, EVEN, True, None, False, w0, r0,
+                                          xl0, xh0)
+            w0, r0, w1, r1, xl0, xh0 = w1, r1, w2, r2, xl1, xh1
+        return tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
+
     @fast
     @triton.jit
     def _int4_gemv_words(x_ptr, p_ptr, sm_ptr, y_ptr, part_ptr, cnt_ptr, N, K, hw,
                          W_SPLIT, nw_ptr, ss_ptr, n_ss, res_ptr, eps, G: tl.constexpr,
                          BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN: tl.constexpr,
                          STAGES: tl.constexpr, BF16: tl.constexpr, PARTIAL: tl.constexpr,
-                         PDL: tl.constexpr, EPI: tl.constexpr = 0, SS_N: tl.constexpr = 1):
+                         PDL: tl.constexpr, EPI: tl.constexpr = 0, SS_N: tl.constexpr = 1,
+                         EARLY: tl.constexpr = False):
         # Program (i, k) covers words [k W_SPLIT, (k + 1) W_SPLIT) of each row half of rows
         # block i (PARTIAL: ``add_splits``); the arithmetic is ``_int4_words_piece``'s.
         # EPI (``int4_gemv_normed`` / ``int4_gemv_added``): NORMED, x is a residual stream whose RMSNorm is
         # applied here, its weight (nw_ptr) to x and its scale, from the n_ss sums of
         # squares at ss_ptr, to the sums; ADDED, y + the residual at res_ptr is written
         # (``_store_added``) with its sums of squares by row block into ss_ptr.
-        pdl_wait(PDL)
+        # EARLY (``_int4_words_piece_early``): the piece waits, after its first weight loads
+        tl.static_assert(not EARLY or (BF16 and EPI != 1), "EARLY: bf16 words, no NORMED")
+        if not EARLY:
+            pdl_wait(PDL)
         pid_k = tl.program_id(1)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        y = _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, pid_k * W_SPLIT,
-                              tl.minimum(hw, (pid_k + 1) * W_SPLIT), G, BLOCK_N, GROUPS, EVEN,
-                              STAGES, BF16, nw_ptr, EPI == 1)
+        j_begin, j_end = pid_k * W_SPLIT, tl.minimum(hw, (pid_k + 1) * W_SPLIT)
+        if EARLY:
+            y = _int4_words_piece_early(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j_begin, j_end, G,
+                                        BLOCK_N, GROUPS, EVEN, PDL)
+        else:
+            y = _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j_begin, j_end, G,
+                                  BLOCK_N, GROUPS, EVEN, STAGES, BF16, nw_ptr, EPI == 1)
         pdl_release(PDL)
         if EPI == 1:  # NORMED: the scale is one number per token, applied to the sums
             i = tl.arange(0, SS_N)
@@ -873,16 +950,15 @@ def _int4_words(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor, 
     y, part, cnt = added_in_kernel(x, 1, N, split, blocks)
     out_ss = torch.empty(blocks, device=x.device, dtype=torch.float32) if epi == ADDED else None
     ss_arg = out_ss if epi == ADDED else ss
+    bf16 = (x.dtype == scale_min.dtype == torch.bfloat16 and K % 8 == 0
+            and (norm_w is None or norm_w.dtype == torch.bfloat16))
     _int4_gemv_words[(blocks, split)](
         x, packed.view(torch.int32), scale_min, y, part, cnt, N, K, K // 8, per, norm_w,
         ss_arg, 0 if ss_arg is None else ss_arg.numel(), residual, eps, G=G, BLOCK_N=bn,
         GROUPS=groups, EVEN=N % bn == 0 and (K // 2) % (groups * G) == 0,
-        STAGES=cfg.get("STAGES", 1),
-        BF16=x.dtype == scale_min.dtype == torch.bfloat16 and K % 8 == 0
-        and (norm_w is None or norm_w.dtype == torch.bfloat16),
-        PARTIAL=split > 1, EPI=epi,
+        STAGES=cfg.get("STAGES", 1), BF16=bf16, PARTIAL=split > 1, EPI=epi,
         SS_N=1 if ss_arg is None else triton.next_power_of_2(ss_arg.numel()),
-        **_launch_opts(cfg, x.device))
+        EARLY=EARLY_WEIGHTS and bf16 and epi != NORMED, **_launch_opts(cfg, x.device))
     return y, out_ss
 
 

@@ -85,6 +85,27 @@ _CHECK = textwrap.dedent("""
         for cfg in [None] + gemv4 + words4:
             y = qk.int4_matmul(x, packed, sm, G, cfg).float()
             assert ((y - ref).abs().max() / ref.abs().max()).item() < 2e-2, (N, K, G, cfg)
+    # the first two steps' codes and records loaded before the wait for the previous kernel
+    # and the loop pipelined by hand (EARLY_WEIGHTS, bf16 only): the same bits as the
+    # cp.async loop, plain and with the residual added, at 1, 2, 3 and 12 steps a program,
+    # split and unsplit, whole and cut row blocks
+    early_cfg = dict(words4[1], BLOCK_N=16)
+    for N, K, G, cfg in ((32, 256, 128, None), (64, 1024, 128, early_cfg),
+                         (40, 1536, 128, dict(early_cfg, PROGRAMS_PER_SM=1)),
+                         (48, 768, 32, dict(early_cfg, BYTES=32, SPLIT_GEMV=0))):
+        g = quantize_int4(torch.randn(N, K, generator=gen) * 0.05, G)
+        packed = qk.pack_int4(g.codes)
+        sm = qk.pack_scale_min(g.scale.bfloat16(), g.min.bfloat16())
+        x = torch.randn(1, K, generator=gen).bfloat16()
+        res = torch.randn(1, N, generator=gen).bfloat16()
+        cfg = cfg or qk._words_config(G)
+        got = {}
+        for early in (False, True):
+            qk.EARLY_WEIGHTS = early
+            got[early] = (qk._int4_words(x, packed, sm, G, cfg)[0],
+                          *qk._int4_words(x, packed, sm, G, cfg, qk.ADDED, residual=res))
+        qk.EARLY_WEIGHTS = False
+        assert all(torch.equal(a, b) for a, b in zip(got[True], got[False])), (N, K, G)
     # the norm split between two word-wise GEMVs (fp32: the interpreter's bf16 casts
     # truncate): ADDED writes the matmul + residual and its sums of squares by row block,
     # NORMED takes them for rms_norm(x) * w; split and unsplit grids, whole and cut tiles

@@ -3,7 +3,10 @@ graphs) with the RMSNorm split between the one-token GEMVs (``quant_kernels.SPLI
 ``FIRSTTOKEN_SPLIT_NORM=1``) and without it (the add + RMSNorm kernel between them); and,
 as an upper bound of what removing those kernels could win, without the split and with the
 norm kernel replaced by nothing (``no_norm``: the step computes garbage, only its time
-means anything). Each variant builds its own engine; variants alternate, ROUNDS rounds.
+means anything). ``early`` / ``split_early``: the same two with the int4 GEMVs' first weight
+loads before the wait for the previous kernel (``quant_kernels.EARLY_WEIGHTS``,
+``FIRSTTOKEN_INT4_EARLY=1``). Each variant builds its own engine; variants alternate, ROUNDS
+rounds.
 
     [ROUNDS=2] [VARIANTS=split,kernel] python docs/benchmarks/quant/int4-gemv-partials/ab.py OUT
 """
@@ -23,15 +26,16 @@ def no_norm(x, residual, weight, eps):  # no kernel: x as the normed row, residu
     return x, (x if residual is None else residual)
 
 
-VARIANTS = {"split": (True, {}), "kernel": (False, {}),
-            "no_norm_bound": (False, {"add_rms_norm": no_norm})}
+VARIANTS = {"split": (True, False, {}), "kernel": (False, False, {}),
+            "no_norm_bound": (False, False, {"add_rms_norm": no_norm}),
+            "early": (False, True, {}), "split_early": (True, True, {})}
 if os.environ.get("VARIANTS"):  # a subset, by name
     VARIANTS = {v: VARIANTS[v] for v in os.environ["VARIANTS"].split(",")}
-was = quant_kernels.SPLIT_NORM
+was = quant_kernels.SPLIT_NORM, quant_kernels.EARLY_WEIGHTS
 res = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "runs": []}
 for rnd in range(int(os.environ.get("ROUNDS", "2"))):
-    for name, (split, fields) in VARIANTS.items():
-        quant_kernels.SPLIT_NORM = split
+    for name, (split, early, fields) in VARIANTS.items():
+        quant_kernels.SPLIT_NORM, quant_kernels.EARLY_WEIGHTS = split, early
         model_mod.TRITON = dataclasses.replace(TRITON, **fields)
         r = engine_level("int4", 128, decode_tokens=64, batches=(1,))
         r["variant"], r["round"] = name, rnd
@@ -39,4 +43,4 @@ for rnd in range(int(os.environ.get("ROUNDS", "2"))):
         print(name, rnd, r["step_ms_batch1"], flush=True)
         json.dump(res, open(sys.argv[1], "w"), indent=1)
 model_mod.TRITON = TRITON
-quant_kernels.SPLIT_NORM = was
+quant_kernels.SPLIT_NORM, quant_kernels.EARLY_WEIGHTS = was
