@@ -269,9 +269,10 @@ def layer_level(peak_gbs: float) -> list[dict]:
 
 def engine_level(weights: str, group: int, decode_tokens: int = 48,
                  preset: str = "llama-2-7b", device: str = "cuda",
-                 batches: tuple[int, ...] = (1, 64), head: str = "auto") -> dict:
-    """Decode step time per batch size, on a synthetic model; ``head`` is the backend's
-    ``--lm-head-dtype``."""
+                 batches: tuple[int, ...] = (1, 64), head: str = "auto",
+                 prompt_tokens: int = 16) -> dict:
+    """Decode step time per batch size, on a synthetic model, after prompts of
+    ``prompt_tokens``; ``head`` is the backend's ``--lm-head-dtype``."""
     source = synthetic_source(preset)
     t0 = time.perf_counter()
     engine = LLMEngine(EngineConfig(device=device, dtype="bfloat16", weights_dtype=weights,
@@ -288,7 +289,8 @@ def engine_level(weights: str, group: int, decode_tokens: int = 48,
     for batch in batches:
         params = SamplingParams(max_tokens=decode_tokens + 2, temperature=0.0, ignore_eos=True)
         for i in range(batch):
-            engine.add_request(f"r{batch}-{i}", list(range(300 + i, 316 + i)), params)
+            engine.add_request(f"r{batch}-{i}", list(range(300 + i, 300 + i + prompt_tokens)),
+                               params)
         while any(s.num_generated == 0 for s in engine.seqs.values()):
             engine.step()  # prefills (and their first tokens)
         engine.step()

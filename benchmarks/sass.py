@@ -28,6 +28,18 @@ class Compiled:
         """SASS lines [start, stop) matching ``pattern``."""
         return sum(bool(re.search(pattern, s)) for s in self.sass.splitlines()[start:stop])
 
+    def around_the_wait(self) -> dict:
+        """Registers, local-memory spills, and global loads (LDG) and cp.async copies
+        (LDGSTS) before and after the first ``griddepcontrol.wait`` (ACQBULK in SASS)."""
+        lines = self.sass.splitlines()
+        wait = next((i for i, s in enumerate(lines) if "ACQBULK" in s), len(lines))
+        return {"registers": self.registers, "spills": self.count(r"\b(STL|LDL)\b"),
+                "shared_bytes": self.shared_bytes,
+                "ldg_before_wait": self.count(r"\bLDG\.", 0, wait),
+                "ldg_after_wait": self.count(r"\bLDG\.", wait),
+                "ldgsts": self.count(r"\bLDGSTS"),
+                "instructions": self.count(r"^\s+/\*[0-9a-f]{4}\*/")}
+
 
 def jit_fn(kernel):
     """The JITFunction under wrappers such as ``launch.fast``."""

@@ -92,6 +92,11 @@ _V_T_TOKENS = 32
 # of the same few sequences, whose K/V rows of a token sit side by side in one slot (0.5-2 %
 # faster than sequences first at batch 32-128 with split-free grids).
 DECODE_HEADS_FIRST = True
+# The decode kernel's first tile of K/V rows that earlier steps stored, loaded before the
+# wait for the previous kernel (this step's K/V store) under programmatic dependent launch
+# (``_decode_kernel``'s EARLY; float caches on the tl.dot path). Off unless
+# ``FIRSTTOKEN_ATTN_EARLY=1``: not yet timed on a GPU.
+DECODE_EARLY = os.environ.get("FIRSTTOKEN_ATTN_EARLY", "0") == "1"
 
 
 def decode_tile(kv_cache_dtype: str, num_splits: int) -> tuple[int, int, int]:
@@ -471,8 +476,14 @@ def _decode_kernel(
         GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
         QUANT: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, V_T: tl.constexpr,
-        HEADS_FIRST: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
-    pdl_wait(PDL)
+        HEADS_FIRST: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr,
+        EARLY: tl.constexpr = False):
+    # EARLY (a float cache on the tl.dot path): a program whose share of the context ends
+    # before the step's own token loads its first tile before the wait for the previous
+    # kernel (this step's K/V store, which writes only that token's row); q after it
+    tl.static_assert(not EARLY or (QUANT == 0 and not ROWS), "EARLY: float cache, tl.dot")
+    if not EARLY:
+        pdl_wait(PDL)
     if HEADS_FIRST:  # grid (KV head, sequence, split)
         h = tl.program_id(0)
         b = tl.program_id(1)
@@ -489,15 +500,25 @@ def _decode_kernel(
     d = tl.arange(0, HD_PAD)
     dmask = d < HD
     heads = h * GROUP + g  # [G_PAD] query heads of this KV head's group
-    q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=(g[:, None] < GROUP) & dmask[None, :], other=0.0)  # [G_PAD, HD_PAD]
     # fp32 under the interpreter and for fp32 models; fp16 over an int8 cache (widened by
     # ``_int8_to_fp16``: int8 values and bf16 queries of normal magnitude are exact in it)
+    qdt: tl.constexpr = q_ptr.dtype.element_ty
     cdt: tl.constexpr = tl.float32 if UPCAST else (
-        q.dtype if QUANT != 1 or q.dtype == tl.float32 else tl.float16)
+        qdt if QUANT != 1 or qdt == tl.float32 else tl.float16)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    if EARLY:
+        # a program whose share ends before the step's token: its tiles hold only rows of
+        # earlier steps (the others load nothing here)
+        early_end = tl.where(end < ctx, end, start)
+        n = start + tl.arange(0, BLOCK_N)
+        nmask = n < early_end
+        k0, v0, slot0 = _kv_tile(cache_ptr, bt_row, n, nmask, end, h, d, dmask, stride_cs,
+                                 stride_cc, stride_ch, BLOCK_SIZE, HD, QUANT, V_T, cdt)
+        pdl_wait(PDL)
+    q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=(g[:, None] < GROUP) & dmask[None, :], other=0.0)  # [G_PAD, HD_PAD]
     q = q.to(cdt)
 
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     if ROWS:  # one query row (GROUP 1, G_PAD 1): sums on the CUDA cores, no tl.dot
         m_i, l_i, acc = _attend_rows(q, cache_ptr, scale_ptr, bt_row, start, end, h, d, dmask,
                                      qk_scale, stride_cs, stride_cc, stride_ch, stride_sc,
@@ -506,7 +527,14 @@ def _decode_kernel(
         m_i = tl.full([G_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, HD_PAD], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
+        first = start
+        if EARLY:
+            if start < early_end:  # the first tile, loaded above
+                m_i, l_i, acc = _attend_tile(q, k0, v0, slot0, nmask, nmask[None, :], m_i,
+                                             l_i, acc, qk_scale, scale_ptr, h, stride_sc,
+                                             stride_sh, QUANT, DOT_PREC, True)
+                first = start + BLOCK_N
+        for n0 in range(first, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             nmask = n < end
             k, v, slot = _kv_tile(cache_ptr, bt_row, n, nmask, end, h, d, dmask, stride_cs,
@@ -752,13 +780,15 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
                  scale: float, block_size: int, kv_cache_dtype: str, num_splits: int,
                  block_n: int | None = None, num_warps: int | None = None,
                  num_stages: int | None = None, dependent_launch: bool = False,
-                 heads_first: bool | None = None, rows: int | None = None) -> torch.Tensor:
+                 heads_first: bool | None = None, rows: int | None = None,
+                 early: bool | None = None) -> torch.Tensor:
     """q: [B, H, hd]; block_tables: [B, W] int32; context_lens: [B] int32 (>= 1);
     out: [B, H, hd] (written). One KV head's query group per program (padded to the 16 rows
     tl.dot needs: decode is bound by the K/V reads, not by the products); num_splits a
     power of two. The tile defaults to ``decode_tile`` (its size sets the summation order),
-    the grid order (``heads_first``: KV heads fastest) to ``DECODE_HEADS_FIRST`` (the same
-    bits either way)."""
+    the grid order (``heads_first``: KV heads fastest) to ``DECODE_HEADS_FIRST`` and
+    ``early`` (the first tile loaded before the wait for the previous kernel; float caches
+    with the query rows on tl.dot) to ``DECODE_EARLY`` (the same bits either way)."""
     B, H, hd = q.shape
     kvh = cache.shape[2]
     group = H // kvh
@@ -783,6 +813,8 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
     if rows is None:
         rows = DECODE_ROWS[kv_cache_dtype][num_splits == 1]
     rows = rows if group == 1 else 0
+    quant = QUANT_CODES[kv_cache_dtype]
+    early = (DECODE_EARLY if early is None else early) and quant == 0 and not rows
     grid = (kvh, B, num_splits) if heads_first else (B, kvh, num_splits)
     _decode_kernel[grid](
         q, cache, sc, block_tables, context_lens, out, part_o, part_lse, scale * _LOG2E,
@@ -790,9 +822,9 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor | No
         cache.stride(2), ssc, ssh, out.stride(0), out.stride(1),
         GROUP=group, G_PAD=1 if rows else _pad(group), HD=hd, HD_PAD=hd_pad,
         BLOCK_SIZE=block_size,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=QUANT_CODES[kv_cache_dtype],
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, QUANT=quant,
         DOT_PREC=_dot_precision(q.dtype), UPCAST=_INTERPRETING,
-        V_T=kv_cache_dtype in TRANSPOSED_V, HEADS_FIRST=heads_first, ROWS=rows,
+        V_T=kv_cache_dtype in TRANSPOSED_V, HEADS_FIRST=heads_first, ROWS=rows, EARLY=early,
         num_warps=num_warps,
         num_stages=num_stages, **pdl.launch(q.device, dependent_launch))
     if num_splits > 1:

@@ -104,8 +104,26 @@ _CHECK = textwrap.dedent("""
             qk.EARLY_WEIGHTS = early
             got[early] = (qk._int4_words(x, packed, sm, G, cfg)[0],
                           *qk._int4_words(x, packed, sm, G, cfg, qk.ADDED, residual=res))
-        qk.EARLY_WEIGHTS = False
         assert all(torch.equal(a, b) for a, b in zip(got[True], got[False])), (N, K, G)
+        # x read only after the wait: here x holds its values from the wait until the
+        # program releases the next kernel, NaN before and after
+        good = x.clone()
+
+        def settle(_pdl=None):
+            x.copy_(good)
+
+        def spoil(_pdl=None):
+            x.fill_(float("nan"))
+
+        waits = qk.pdl_wait, qk.pdl_release
+        qk.pdl_wait, qk.pdl_release = settle, spoil
+        spoil()
+        early = (qk._int4_words(x, packed, sm, G, cfg)[0],
+                 *qk._int4_words(x, packed, sm, G, cfg, qk.ADDED, residual=res))
+        qk.pdl_wait, qk.pdl_release = waits
+        x.copy_(good)
+        assert all(torch.equal(a, b) for a, b in zip(early, got[False])), (N, K, G)
+        qk.EARLY_WEIGHTS = False
     # the norm split between two word-wise GEMVs (fp32: the interpreter's bf16 casts
     # truncate): ADDED writes the matmul + residual and its sums of squares by row block,
     # NORMED takes them for rms_norm(x) * w; split and unsplit grids, whole and cut tiles

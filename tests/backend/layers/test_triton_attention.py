@@ -521,3 +521,50 @@ def test_a_kind_listed_for_eager_unsplit_takes_its_small_batch_tile(monkeypatch)
             k, v = _context(cache, tables[i], n)
             ref = _reference(q[i:i + 1], k, v, n - 1)[0]
             torch.testing.assert_close(out[i].float(), ref.float(), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("dtype,group,splits", [
+    (torch.bfloat16, 1, 1), (torch.bfloat16, 1, 8), (torch.float32, 4, 4),
+    (torch.bfloat16, 8, 2)])
+def test_early_decode_reads_the_steps_row_and_q_after_the_wait(monkeypatch, dtype, group,
+                                                               splits) -> None:
+    """``early``: the first tile's rows are loaded before the wait for the previous kernel
+    (the step's K/V store). Here that wait is where the step's K/V row and q come to hold
+    their values (garbage before it, and again after the program releases the next kernel),
+    so any of them read before it shows in the output; and the result is the same bits as
+    without ``early``, on contexts of one token, of one tile and of several, and empty
+    splits."""
+    gen = torch.Generator().manual_seed(5)
+    kvh, hd, lens = 2, 64, [1, BS, BS + 1, 40, 70]
+    cache = _cache(kvh, hd, dtype, "auto", blocks=16)
+    tables = _tables(lens, cache.num_blocks, gen)
+    _fill(cache, tables, lens, gen)
+    q = torch.randn(len(lens), kvh * group, hd, generator=gen).to(dtype)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    want = torch.empty_like(q)
+    triton_attention.paged_decode(q, cache.data[0], None, tables, lens_t, want, hd ** -0.5,
+                                  BS, "auto", splits, block_n=16, early=False)
+    rows = torch.stack([_slots(tables[i], range(n - 1, n))[0] for i, n in enumerate(lens)])
+    good_kv, good_q = cache.data[0][rows].clone(), q.clone()
+
+    def spoil(_pdl=None) -> None:
+        cache.data[0][rows] = torch.nan
+        q.fill_(torch.nan)
+
+    def settle(_pdl=None) -> None:
+        cache.data[0][rows] = good_kv
+        q.copy_(good_q)
+
+    monkeypatch.setattr(triton_attention, "pdl_wait", settle)
+    monkeypatch.setattr(triton_attention, "pdl_release", spoil)
+    spoil()
+    got = torch.empty_like(q)
+    triton_attention.paged_decode(q, cache.data[0], None, tables, lens_t, got, hd ** -0.5,
+                                  BS, "auto", splits, block_n=16, early=True)
+    assert torch.equal(got, want)
+    settle()
+    for i, n in enumerate(lens):
+        k, v = _context(cache, tables[i], n)
+        ref = _reference(q[i:i + 1], k, v, n - 1)[0]
+        torch.testing.assert_close(got[i].float(), ref.float(), atol=TOL[dtype],
+                                   rtol=TOL[dtype])
