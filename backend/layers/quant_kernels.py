@@ -392,12 +392,13 @@ if triton is not None:
     def _int4_words_step(acc, acc_z, x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j0,
                          G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
                          EVEN: tl.constexpr, BF16: tl.constexpr, xm_ptr=None,
-                         XMUL: tl.constexpr = False, w=None, r=None, xw_lo=None, xw_hi=None):
+                         XMUL: tl.constexpr = False, w=None, r=None, xw_lo=None, xw_hi=None,
+                         mw_lo=None, mw_hi=None):
         """One step of ``_int4_words_piece``: words [j0, j0 + GROUPS G / 4) of rows ``rn``
         into the sums (acc [BLOCK_N, GROUPS, G / 4], acc_z [BLOCK_N, GROUPS]). XMUL: x
         times ``xm_ptr`` [K] (an RMSNorm's weight) column by column first. BF16 callers may
-        pass the step's codes, records and x words already loaded (``w``, ``r``, ``xw_lo``,
-        ``xw_hi``)."""
+        pass the step's codes, records, x words and (XMUL) weight words already loaded
+        (``w``, ``r``, ``xw_lo``, ``xw_hi``, ``mw_lo``, ``mw_hi``)."""
         half = K // 2
         GW: tl.constexpr = G // 4
         g, wi, gm = _int4_words_cols(K, j0, G, GROUPS)
@@ -412,12 +413,8 @@ if triton is not None:
             l0, l1 = xw_lo.to(tl.int32), (xw_lo >> 32).to(tl.int32)
             h0, h1 = xw_hi.to(tl.int32), (xw_hi >> 32).to(tl.int32)
             if XMUL:
-                mw = xm_ptr.to(tl.pointer_type(tl.int64))
-                if EVEN:
-                    mw_lo, mw_hi = tl.load(mw + wi), tl.load(mw + hw + wi)
-                else:
-                    mw_lo = tl.load(mw + wi, mask=gm[:, None], other=0)
-                    mw_hi = tl.load(mw + hw + wi, mask=gm[:, None], other=0)
+                if mw_lo is None:
+                    mw_lo, mw_hi = _int4_words_x(xm_ptr, K, hw, j0, G, GROUPS, EVEN)
                 ml0, ml1 = mw_lo.to(tl.int32), (mw_lo >> 32).to(tl.int32)
                 mh0, mh1 = mw_hi.to(tl.int32), (mw_hi >> 32).to(tl.int32)
         else:
@@ -509,13 +506,16 @@ if triton is not None:
     @triton.jit
     def _int4_words_piece_early(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j_begin, j_end,
                                 G: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                                EVEN: tl.constexpr, PDL: tl.constexpr):
-        """``_int4_words_piece`` (BF16, no XMUL) with the first two steps' codes and records
-        requested before the wait for the previous kernel (``pdl.wait``, which this does
-        instead of the caller): weights depend on no kernel, so their first loads travel
-        while the previous kernel finishes instead of after it. The loop is pipelined by
-        hand in registers, two steps of weights and one of x ahead (not cp.async: its
-        prologue would come after the wait). Same arithmetic and order, so the same sums."""
+                                EVEN: tl.constexpr, PDL: tl.constexpr, xm_ptr=None,
+                                XMUL: tl.constexpr = False):
+        """``_int4_words_piece`` (BF16) with the first two steps' codes and records requested
+        before the wait for the previous kernel (``pdl.wait``, which this does instead of
+        the caller): weights depend on no kernel, so their first loads travel while the
+        previous kernel finishes instead of after it. The loop is pipelined by hand in
+        registers, two steps of codes and records and one of x ahead (not cp.async: its
+        prologue would come after the wait); XMUL's weight words are read in each step
+        (every program reads the same ones; carried ahead too they spilled registers). Same
+        arithmetic and order, so the same sums."""
         S: tl.constexpr = GROUPS * (G // 4)
         GW: tl.constexpr = G // 4
         w0, r0 = _int4_words_weights(p_ptr, sm_ptr, rn, N, K, hw, j_begin, G, GROUPS, EVEN,
@@ -531,7 +531,7 @@ if triton is not None:
                                          EVEN, True, j_end)
             xl1, xh1 = _int4_words_x(x_ptr, K, hw, j0 + S, G, GROUPS, EVEN, j_end)
             acc, acc_z = _int4_words_step(acc, acc_z, x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j0, G,
-                                          BLOCK_N, GROUPS, EVEN, True, None, False, w0, r0,
+                                          BLOCK_N, GROUPS, EVEN, True, xm_ptr, XMUL, w0, r0,
                                           xl0, xh0)
             w0, r0, w1, r1, xl0, xh0 = w1, r1, w2, r2, xl1, xh1
         return tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_z, axis=1)
@@ -551,7 +551,7 @@ if triton is not None:
         # squares at ss_ptr, to the sums; ADDED, y + the residual at res_ptr is written
         # (``_store_added``) with its sums of squares by row block into ss_ptr.
         # EARLY (``_int4_words_piece_early``): the piece waits, after its first weight loads
-        tl.static_assert(not EARLY or (BF16 and EPI != 1), "EARLY: bf16 words, no NORMED")
+        tl.static_assert(not EARLY or BF16, "EARLY: bf16 words")
         if not EARLY:
             pdl_wait(PDL)
         pid_k = tl.program_id(1)
@@ -559,7 +559,7 @@ if triton is not None:
         j_begin, j_end = pid_k * W_SPLIT, tl.minimum(hw, (pid_k + 1) * W_SPLIT)
         if EARLY:
             y = _int4_words_piece_early(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j_begin, j_end, G,
-                                        BLOCK_N, GROUPS, EVEN, PDL)
+                                        BLOCK_N, GROUPS, EVEN, PDL, nw_ptr, EPI == 1)
         else:
             y = _int4_words_piece(x_ptr, p_ptr, sm_ptr, rn, N, K, hw, j_begin, j_end, G,
                                   BLOCK_N, GROUPS, EVEN, STAGES, BF16, nw_ptr, EPI == 1)
@@ -958,7 +958,7 @@ def _int4_words(x: torch.Tensor, packed: torch.Tensor, scale_min: torch.Tensor, 
         GROUPS=groups, EVEN=N % bn == 0 and (K // 2) % (groups * G) == 0,
         STAGES=cfg.get("STAGES", 1), BF16=bf16, PARTIAL=split > 1, EPI=epi,
         SS_N=1 if ss_arg is None else triton.next_power_of_2(ss_arg.numel()),
-        EARLY=EARLY_WEIGHTS and bf16 and epi != NORMED, **_launch_opts(cfg, x.device))
+        EARLY=EARLY_WEIGHTS and bf16, **_launch_opts(cfg, x.device))
     return y, out_ss
 
 

@@ -1,8 +1,8 @@
-"""Loads issued before the wait for the previous kernel, on CUDA: the int4 one-token GEMV's
-first weights (``quant_kernels.EARLY_WEIGHTS``) and the decode kernel's first K/V tile
-(``triton_attention.DECODE_EARLY``) give the same bits as without them, call after call.
-CUDA only (the interpreter's checks, with the wait simulated: ``test_quant_kernels.py``,
-``test_triton_attention.py``)."""
+"""Loads issued before the wait for the previous kernel, on CUDA: the int4 one-token
+GEMV's first weights (``quant_kernels.EARLY_WEIGHTS``; plain, ADDED and NORMED) and the
+decode kernel's first K/V tile (``triton_attention.DECODE_EARLY``) give the same bits as
+without them, call after call. CUDA only (the interpreter's checks, with the wait
+simulated: ``test_quant_kernels.py``, ``test_triton_attention.py``)."""
 from __future__ import annotations
 
 import pytest
@@ -24,12 +24,16 @@ def test_early_weight_loads_give_the_same_bits(monkeypatch, n, k):
     sm = qk.pack_scale_min(g.scale.bfloat16(), g.min.bfloat16()).cuda()
     x = torch.randn(1, k, generator=gen).to("cuda", torch.bfloat16)
     res = torch.randn(1, n, generator=gen).to("cuda", torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(k, generator=gen)).to("cuda", torch.bfloat16)
+    ss = torch.full((4,), float(k), device="cuda")
     cfg = qk._words_config(128)
     out = {}
     for early in (False, True, True):
         monkeypatch.setattr(qk, "EARLY_WEIGHTS", early)
         got = (qk._int4_words(x, packed, sm, 128, cfg)[0],
-               *qk._int4_words(x, packed, sm, 128, cfg, qk.ADDED, residual=res))
+               *qk._int4_words(x, packed, sm, 128, cfg, qk.ADDED, residual=res),
+               qk._int4_words(x, packed, sm, 128, cfg, qk.NORMED, norm_w=nw, ss=ss,
+                              eps=1e-5)[0])
         if early in out:
             assert all(torch.equal(a, b) for a, b in zip(got, out[early]))
         out[early] = got

@@ -22,6 +22,7 @@ _COMPILE = textwrap.dedent("""
 
     builds = {"gemv_early": (GEMV_CASES["plain_split"], True),
               "gemv_early_added": (GEMV_CASES["added"], True),
+              "gemv_early_normed": (GEMV_CASES["normed"], True),
               "gemv_default": (GEMV_CASES["plain_split"], False)}
     out = {name: gemv(*args).around_the_wait() for name, args in builds.items()}
     for name, early in (("decode_early", True), ("decode_default", False)):
@@ -40,7 +41,7 @@ def compiled() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ["gemv_early", "gemv_early_added"])
+@pytest.mark.parametrize("name", ["gemv_early", "gemv_early_added", "gemv_early_normed"])
 def test_early_weights_are_requested_before_the_wait(compiled, name):
     k = compiled[name]
     # two steps: eight 16-byte code loads and one record load each

@@ -87,8 +87,8 @@ _CHECK = textwrap.dedent("""
             assert ((y - ref).abs().max() / ref.abs().max()).item() < 2e-2, (N, K, G, cfg)
     # the first two steps' codes and records loaded before the wait for the previous kernel
     # and the loop pipelined by hand (EARLY_WEIGHTS, bf16 only): the same bits as the
-    # cp.async loop, plain and with the residual added, at 1, 2, 3 and 12 steps a program,
-    # split and unsplit, whole and cut row blocks
+    # cp.async loop, plain, with the residual added and normed, at 1, 2, 3 and 12 steps a
+    # program, split and unsplit, whole and cut row blocks
     early_cfg = dict(words4[1], BLOCK_N=16)
     for N, K, G, cfg in ((32, 256, 128, None), (64, 1024, 128, early_cfg),
                          (40, 1536, 128, dict(early_cfg, PROGRAMS_PER_SM=1)),
@@ -98,12 +98,20 @@ _CHECK = textwrap.dedent("""
         sm = qk.pack_scale_min(g.scale.bfloat16(), g.min.bfloat16())
         x = torch.randn(1, K, generator=gen).bfloat16()
         res = torch.randn(1, N, generator=gen).bfloat16()
+        nw = (1 + 0.1 * torch.randn(K, generator=gen)).bfloat16()
+        ss = torch.rand(3, generator=gen) * K
         cfg = cfg or qk._words_config(G)
+
+        def calls():
+            return (qk._int4_words(x, packed, sm, G, cfg)[0],
+                    *qk._int4_words(x, packed, sm, G, cfg, qk.ADDED, residual=res),
+                    qk._int4_words(x, packed, sm, G, cfg, qk.NORMED, norm_w=nw, ss=ss,
+                                   eps=1e-5)[0])
+
         got = {}
         for early in (False, True):
             qk.EARLY_WEIGHTS = early
-            got[early] = (qk._int4_words(x, packed, sm, G, cfg)[0],
-                          *qk._int4_words(x, packed, sm, G, cfg, qk.ADDED, residual=res))
+            got[early] = calls()
         assert all(torch.equal(a, b) for a, b in zip(got[True], got[False])), (N, K, G)
         # x read only after the wait: here x holds its values from the wait until the
         # program releases the next kernel, NaN before and after
@@ -118,8 +126,7 @@ _CHECK = textwrap.dedent("""
         waits = qk.pdl_wait, qk.pdl_release
         qk.pdl_wait, qk.pdl_release = settle, spoil
         spoil()
-        early = (qk._int4_words(x, packed, sm, G, cfg)[0],
-                 *qk._int4_words(x, packed, sm, G, cfg, qk.ADDED, residual=res))
+        early = calls()
         qk.pdl_wait, qk.pdl_release = waits
         x.copy_(good)
         assert all(torch.equal(a, b) for a, b in zip(early, got[False])), (N, K, G)
