@@ -8,12 +8,14 @@
 # Llama-2-7B shape (probe.py). Into $OUT. Later parts run only while the call is under
 # DEADLINE seconds (default 420).
 #   bash docs/benchmarks/quant/int4-gemv-partials/call.sh        (carry .whl)
-#   PROBE_S=0 skips the probe; AB_ONLY=1 stops after the tests and ab.py
+#   PROBE_S=0 skips the probe; AB_ONLY=1 stops after the tests and ab.py; AB=0 skips them
+#   (a second call: decode_profile and the probe)
 export PYTHONUNBUFFERED=1
 source docs/benchmarks/gpu-sweep/exact-prompts/device_env.sh
 D=docs/benchmarks/quant/int4-gemv-partials
 DEADLINE=${DEADLINE:-420}
 date -u
+if [ "${AB:-1}" = 1 ]; then
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/backend/layers/test_split_norm_cuda.py \
   tests/backend/layers/test_early_loads_cuda.py tests/backend/layers/test_splits.py \
   > $OUT/pytest-cuda.log 2>&1
@@ -21,6 +23,7 @@ echo "pytest cuda rc=$?"; tail -3 $OUT/pytest-cuda.log
 VARIANTS=${VARIANTS:-kernel,split,early,early_all,split_early_all} timeout ${AB_S:-300} python3 $D/ab.py \
   $OUT/ab.json 2>&1 | grep -v -i warn | tee $OUT/ab.log | tail -10
 date -u
+fi
 [ "${AB_ONLY:-0}" = 1 ] && exit 0
 dp() {  # tag split early attention-early steps
   [ $SECONDS -gt $DEADLINE ] && { echo "== decode_profile $1 skipped (${SECONDS} s)"; return; }
