@@ -321,10 +321,10 @@ class LlamaModel(nn.Module):
         sampled rows only (the final norm is per token)."""
         x = x.index_select(0, logits_indices)
         if isinstance(residual, Summed):  # x is the stream: the head's kernel norms it
-            norm = Prologue(NORM, None, self.norm, self.cfg.rms_norm_eps)
+            residual = None
         else:
-            norm = Prologue(ADD_NORM, residual.index_select(0, logits_indices), self.norm,
-                            self.cfg.rms_norm_eps)
+            residual = residual.index_select(0, logits_indices)
+        norm = _norm(residual, self.norm, self.cfg.rms_norm_eps)
         return matmul(self.lm_head, x, norm, ops)[0].float()  # [N, vocab]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Attention,

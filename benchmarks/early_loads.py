@@ -60,6 +60,17 @@ def decode(kind: str, splits: int, rows: int, early: bool) -> Compiled:
     return compile_sm90(ta._decode_kernel, types, consts, DECODE_ALIGNED, warps, stages)
 
 
+def builds():
+    """(name, compiled kernel) of every case, compiled as they are taken."""
+    for early in (False, True):
+        tag = "early" if early else "default"
+        for name, case in GEMV_CASES.items():
+            yield f"gemv_{tag}_{name}", gemv(case, early)
+        for name, (kind, splits, rows) in DECODE_CASES.items():
+            if not (early and kind != "auto"):  # float caches only
+                yield f"decode_{tag}_{name}", decode(kind, splits, rows, early)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -67,18 +78,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.sass_dir:
         os.makedirs(args.sass_dir, exist_ok=True)
-    builds = {}
-    for early in (False, True):
-        tag = "early" if early else "default"
-        for name, case in GEMV_CASES.items():
-            builds[f"gemv_{tag}_{name}"] = lambda c=case, e=early: gemv(c, e)
-        for name, (kind, splits, rows) in DECODE_CASES.items():
-            if not (early and kind != "auto"):  # float caches only
-                builds[f"decode_{tag}_{name}"] = \
-                    lambda k=kind, s=splits, r=rows, e=early: decode(k, s, r, e)
     res = {"triton": triton.__version__, "target": "sm_90"}
-    for name, build in builds.items():
-        k = build()
+    for name, k in builds():
         if args.sass_dir:
             with open(os.path.join(args.sass_dir, name + ".sass"), "w") as f:
                 f.write(k.sass)
